@@ -1,0 +1,125 @@
+"""`llm-train --task NAME`: the one entry point DVC, Prefect and people call.
+
+DVC stages call it with no overrides, so a stage reads params.yaml alone and writes its declared
+outputs. A hand run with overrides (``--lr``, ``--epochs`` …) writes under ``runs/<task>-<time>/``
+(or ``--output-dir``) instead, never into the DVC outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from llmpipe import stages
+from llmpipe.errors import UserError
+
+log = logging.getLogger("llmpipe")
+
+
+def _parser() -> argparse.ArgumentParser:
+    tasks = "\n".join(f"  {name:<10} {desc}" for name, desc in stages.TASKS.items())
+    p = argparse.ArgumentParser(
+        prog="llm-train",
+        description="Run one llmpipe stage.",
+        epilog=f"registered tasks:\n{tasks}\n  lm         alias of pretrain",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--task", required=True, help="stage to run (see below)")
+    p.add_argument("--config-path", default="params.yaml", help="params file (default: params.yaml)")
+    p.add_argument("--model", help="evaluate: which model under paths.models to evaluate")
+    hand = p.add_argument_group("hand-run overrides (output goes to runs/<task>-<time>/ or --output-dir)")
+    hand.add_argument("--epochs", type=float, help="num_train_epochs of the stage")
+    hand.add_argument("--batch-size", type=int, help="per_device_train_batch_size of the stage")
+    hand.add_argument("--lr", type=float, help="peak learning rate of the stage")
+    hand.add_argument("--num-samples", type=int, help="train on at most this many examples")
+    hand.add_argument("--steps-per-epoch", type=int, help="optimizer steps per epoch (sets max_steps = this × epochs)")
+    hand.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model")
+    hand.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="mixed precision (auto) or fp32")
+    hand.add_argument("--output-dir", help="where a hand run writes (default runs/<task>-<time>/)")
+    return p
+
+
+def overrides_from_args(args: argparse.Namespace, task: str) -> dict[str, Any]:
+    """Dotted params overrides for the hand-run flags that were given.
+
+    Raises:
+        UserError: A training flag was given to a task that does not train.
+    """
+    section = {
+        "epochs": "num_train_epochs",
+        "batch_size": "per_device_train_batch_size",
+        "lr": "lr",
+        "num_samples": "num_samples",
+    }
+    out: dict[str, Any] = {}
+    for flag, key in section.items():
+        if getattr(args, flag) is not None:
+            out[f"{task}.{key}"] = getattr(args, flag)
+    if args.steps_per_epoch is not None:
+        out[f"{task}.max_steps"] = args.steps_per_epoch * math.ceil(args.epochs or 1)
+    if args.amp is not None:
+        out[f"{task}.precision"] = "auto" if args.amp else "fp32"
+    if args.compile is not None:
+        out["distributed.torch_compile"] = args.compile
+    if out and task not in stages.TRAINING_TASKS:
+        flags = ", ".join(k.split(".")[-1] for k in out)
+        raise UserError(f"--task {task} does not train; training overrides ({flags}) apply to {stages.TRAINING_TASKS}")
+    return out
+
+
+def metrics_path(params: Any, task: str, model: str | None) -> Path:
+    """Where the CLI writes a stage's metrics: metrics/<task>.json, metrics/eval/<model>.json for evaluate."""
+    if task == "evaluate":
+        return params.paths.out(params.paths.metrics, "eval", f"{model}.json")
+    return params.paths.out(params.paths.metrics, f"{task}.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, validate params, run the stage, write its metrics. Returns the exit code."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    try:
+        return _run(args)
+    except UserError as err:
+        print(f"llm-train: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from llmpipe.config import load_params
+    from llmpipe.io import write_json
+
+    try:
+        task = stages.resolve(args.task)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    overrides = overrides_from_args(args, task)
+    if overrides or args.output_dir:
+        root = args.output_dir or str(Path("runs", f"{task}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        overrides["paths.output_root"] = root
+        log.info("hand run with overrides %s: writing under %s", overrides, root)
+    params = load_params(args.config_path, overrides)
+    kwargs: dict[str, Any] = {}
+    if task == "evaluate":
+        if not args.model:
+            raise UserError(f"--task evaluate needs --model NAME (one of eval.models: {params.eval.models})")
+        kwargs["model"] = args.model
+    elif args.model:
+        raise UserError(f"--model applies to --task evaluate only, not {task}")
+    run = stages.runner(task)
+    start = time.perf_counter()
+    metrics = dict(run(params, **kwargs))
+    metrics["wall_time_s"] = round(time.perf_counter() - start, 3)
+    path = metrics_path(params, task, args.model)
+    write_json(path, metrics)
+    log.info("%s done in %.1f s; metrics in %s", task, metrics["wall_time_s"], path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,387 @@
+"""Typed, validated view of ``params.yaml``: the single source of every hyperparameter and path.
+
+Every section is a pydantic v2 model with ``extra="forbid"``, so a mistyped key is an error that
+names the key path and, where one is close, the key that was meant. The ``train`` section holds
+training defaults; each training stage section (``pretrain``, ``sft``, ``dpo``) may override any of
+them and adds its own keys. :func:`load_params` merges ``train`` under each stage section before
+validation, so ``params.sft.lr`` is the value SFT really uses.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from llmpipe.errors import UserError
+
+STAGE_SECTIONS = ("pretrain", "sft", "dpo")
+"""Training stages whose sections inherit the ``train`` defaults."""
+
+BUDGET_KEYS = frozenset({"max_steps", "num_train_epochs"})
+"""Train keys that only set how long a run lasts: raising them continues the same run."""
+
+
+class ParamsError(UserError):
+    """A mistake in params.yaml: the message names the file, the key path or line, and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PathsParams(_Section):
+    """Where every stage reads and writes, relative to the repository root (dvc.yaml templates these)."""
+
+    data: str = Field("data", description="Prepared datasets: data/{pretrain,sft,preference,eval}/.")
+    tokenizer: str = Field("artifacts/tokenizer", description="Tokenizer directory (save_pretrained).")
+    models: str = Field("models", description="Final model directories: models/<stage>/.")
+    metrics: str = Field("metrics", description="DVC metrics: metrics/<stage>.json, metrics/eval/<model>.json.")
+    logs: str = Field("logs", description="Per-step logs for dvc plots and TensorBoard: logs/<stage>/.")
+    checkpoints: str = Field(
+        "checkpoints", description="Training checkpoints: checkpoints/<stage>/<fingerprint>/ (git-ignored)."
+    )
+    reports: str = Field("reports", description="reports/report.md.")
+    runs: str = Field("runs", description="Hand runs with CLI overrides write under runs/<task>-<time>/.")
+    output_root: str = Field(
+        ".",
+        description="Root under which a stage writes its outputs; '.' for DVC runs, runs/<task>-<time> for hand runs.",
+    )
+
+    def out(self, *parts: str) -> Path:
+        """Path a stage writes to: ``output_root/<parts>`` (inputs use the plain fields)."""
+        return Path(self.output_root, *parts)
+
+
+class StdlibSourceParams(_Section):
+    """How the embedded default corpus (the running interpreter's standard library) is cut."""
+
+    min_body_lines: int = Field(2, ge=1, description="Functions with shorter bodies are not used as SFT pairs.")
+    max_body_lines: int = Field(30, ge=1, description="Functions with longer bodies are not used as SFT pairs.")
+    max_sft_pairs: int = Field(20000, gt=0, description="Cap on training SFT pairs.")
+    max_preference_pairs: int = Field(10000, gt=0, description="Cap on training preference pairs.")
+
+
+class LocalSourceParams(_Section):
+    """Users' own files (text / jsonl / parquet, a file or a folder) per dataset kind; null = not provided."""
+
+    pretrain: str | None = Field(None, description="Text documents: .txt files, or jsonl/parquet with a `text` field.")
+    sft: str | None = Field(None, description="jsonl/parquet with `messages`, or `prompt` + `completion`.")
+    preference: str | None = Field(None, description="jsonl/parquet with `prompt`, `chosen`, `rejected`.")
+
+
+class HFSourceParams(_Section):
+    """A Hugging Face hub dataset, read through `datasets.load_dataset` (a local path works the same way)."""
+
+    name: str | None = Field(None, description="Dataset name on the hub, or a local dataset folder.")
+    config: str | None = Field(None, description="Dataset configuration name.")
+    split: str = Field("train", description="Split to read.")
+    text_field: str = Field("text", description="Column holding the document text.")
+    max_documents: int | None = Field(None, gt=0, description="Read at most this many documents.")
+
+
+class DataParams(_Section):
+    """The `prepare` stage: which corpus, and how it is split into train/validation/test (by document)."""
+
+    source: Literal["stdlib", "local", "hf"] = Field("stdlib", description="Corpus to prepare.")
+    seed: int = Field(1234, description="Seed of the split and of the corruptions; same seed → same data.")
+    validation_fraction: float = Field(0.05, gt=0, lt=0.5, description="Fraction of modules held out for validation.")
+    test_fraction: float = Field(0.05, gt=0, lt=0.5, description="Fraction of modules held out for evaluation.")
+    num_eval_examples: int = Field(400, gt=0, description="Max examples per evaluation set.")
+    max_chars_per_document: int = Field(
+        200_000, gt=0, description="Longer documents are cut (keeps one huge module from dominating)."
+    )
+    stdlib: StdlibSourceParams = StdlibSourceParams()
+    local: LocalSourceParams = LocalSourceParams()
+    hf: HFSourceParams = HFSourceParams()
+
+    @model_validator(mode="after")
+    def _source_configured(self) -> DataParams:
+        if self.source == "local" and self.local.pretrain is None:
+            raise ValueError("data.source is 'local' but data.local.pretrain is not set: give a file or folder path")
+        if self.source == "hf" and self.hf.name is None:
+            raise ValueError("data.source is 'hf' but data.hf.name is not set: give a dataset name or local folder")
+        return self
+
+
+class TokenizerParams(_Section):
+    """The `tokenizer` stage: train a byte-level BPE, or load an existing tokenizer."""
+
+    kind: Literal["train", "pretrained"] = Field("train", description="Train a BPE, or load `name_or_path`.")
+    name_or_path: str | None = Field(None, description="Hub name or local folder when kind is 'pretrained'.")
+    vocab_size: int = Field(4096, ge=260, description="BPE vocabulary size in tokens (256 bytes + specials + merges).")
+    min_frequency: int = Field(2, ge=1, description="Minimum pair count for a BPE merge.")
+    model_max_length: int = Field(512, gt=0, description="Longest sequence in tokens the tokenizer reports.")
+
+    @model_validator(mode="after")
+    def _pretrained_named(self) -> TokenizerParams:
+        if self.kind == "pretrained" and not self.name_or_path:
+            raise ValueError("tokenizer.kind is 'pretrained' but tokenizer.name_or_path is not set")
+        return self
+
+
+class ModelParams(_Section):
+    """Architecture of the model `pretrain` builds (transformers `LlamaConfig` names)."""
+
+    arch: Literal["llama"] = Field("llama", description="Model family.")
+    hidden_size: int = Field(256, gt=0, description="Width of the residual stream.")
+    num_hidden_layers: int = Field(4, gt=0, description="Number of decoder layers.")
+    num_attention_heads: int = Field(8, gt=0, description="Query heads.")
+    num_key_value_heads: int = Field(4, gt=0, description="Key/value heads (GQA when fewer than query heads).")
+    intermediate_size: int = Field(688, gt=0, description="SwiGLU hidden width.")
+    max_position_embeddings: int = Field(512, gt=0, description="Longest sequence in tokens (RoPE).")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base.")
+    rms_norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
+    initializer_range: float = Field(0.02, gt=0, description="Std of the normal weight init.")
+    tie_word_embeddings: bool = Field(True, description="Share input embedding and LM head.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelParams:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"model.num_attention_heads ({self.num_attention_heads}) must divide model.hidden_size "
+                f"({self.hidden_size})"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"model.num_key_value_heads ({self.num_key_value_heads}) must divide model.num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        return self
+
+
+class TrainParams(_Section):
+    """Training defaults every training stage inherits (HF `TrainingArguments` names, except `lr`)."""
+
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate (TrainingArguments.learning_rate).")
+    per_device_train_batch_size: int = Field(16, gt=0, description="Sequences per device per micro-step.")
+    per_device_eval_batch_size: int = Field(16, gt=0, description="Sequences per device at evaluation.")
+    gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-steps per optimizer step.")
+    max_steps: int = Field(-1, ge=-1, description="Optimizer steps; -1 = run num_train_epochs.")
+    num_train_epochs: float = Field(1.0, gt=0, description="Epochs when max_steps is -1.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup, in optimizer steps.")
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"] = Field(
+        "cosine", description="Schedule after warmup."
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2.")
+    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables.")
+    optim: Literal["adamw_torch", "adamw_torch_fused", "sgd", "adafactor"] = Field("adamw_torch", description="Optimizer.")
+    seed: int = Field(42, description="Seed of model init, data order and dropout.")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="Mixed precision; auto = bf16 where the device supports it, else fp32."
+    )
+    max_length: int = Field(256, gt=0, description="Sequence length in tokens (pretrain block size; SFT/DPO cap).")
+    logging_steps: int = Field(10, gt=0, description="Optimizer steps between log lines.")
+    eval_steps: int = Field(100, gt=0, description="Optimizer steps between validation passes.")
+    save_steps: int = Field(100, gt=0, description="Optimizer steps between checkpoints.")
+    save_total_limit: int = Field(2, gt=0, description="Checkpoints kept per run.")
+    max_eval_samples: int = Field(256, gt=0, description="Validation examples used at each evaluation.")
+    num_samples: int | None = Field(None, gt=0, description="Train on at most this many examples (None = all).")
+    dataloader_num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+
+
+class PretrainParams(TrainParams):
+    """`pretrain`: causal-LM training on packed blocks of `max_length` tokens (documents joined by eos)."""
+
+
+class SFTParams(TrainParams):
+    """`sft`: TRL SFTTrainer on chat `messages` from models/pretrain."""
+
+    assistant_only_loss: bool = Field(True, description="Loss on assistant tokens only ({% generation %} mask).")
+    packing: bool = Field(False, description="Pack several conversations into one sequence.")
+
+
+DPOLossType = Literal[
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+]
+
+
+class DPOParams(TrainParams):
+    """`dpo`: TRL DPOTrainer from models/sft, the SFT model as frozen reference (Rafailov et al. 2023)."""
+
+    beta: float = Field(0.1, gt=0, description="Strength of the KL regularisation towards the reference model.")
+    loss_type: list[DPOLossType] = Field(
+        ["sigmoid"], min_length=1, description="TRL DPO loss types; [sigmoid, sft] is DPO + NLL (RPO)."
+    )
+    loss_weights: list[float] | None = Field(None, description="One weight per loss_type entry (None = all 1).")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Conservative-DPO label noise (sigmoid loss).")
+    max_prompt_length: int = Field(128, gt=0, description="Prompt tokens kept (truncated from the left).")
+
+    @model_validator(mode="after")
+    def _weights_match(self) -> DPOParams:
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            raise ValueError(
+                f"dpo.loss_weights has {len(self.loss_weights)} entries but dpo.loss_type has "
+                f"{len(self.loss_type)}: give one weight per loss type"
+            )
+        return self
+
+
+class DistributedParams(_Section):
+    """How training is spread over devices (Accelerate)."""
+
+    strategy: Literal["none", "ddp"] = Field("none", description="Parallelism strategy.")
+    num_processes: int = Field(1, gt=0, description="Processes on this machine.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    torch_compile: bool = Field(False, description="Compile the model with torch.compile.")
+
+
+EVAL_TASKS = ("llmpipe_perplexity", "llmpipe_signature_mc", "llmpipe_sft_chat", "llmpipe_sft_plain", "llmpipe_preference")
+
+
+class EvalParams(_Section):
+    """`evaluate`: lm-evaluation-harness on each model in `models`, and the `report`."""
+
+    models: list[str] = Field(
+        ["baseline", "pretrain", "sft", "dpo"], min_length=1, description="Model dirs under paths.models to evaluate."
+    )
+    tasks: list[str] = Field(list(EVAL_TASKS), min_length=1, description="llmpipe tasks and/or standard lm-eval tasks.")
+    limit: int | None = Field(200, gt=0, description="Documents per task (None = all).")
+    batch_size: int = Field(16, gt=0, description="lm-eval batch size.")
+    max_length: int = Field(512, gt=0, description="Context window in tokens for scoring.")
+
+
+class Params(_Section):
+    """The whole of params.yaml."""
+
+    paths: PathsParams = PathsParams()
+    data: DataParams = DataParams()
+    tokenizer: TokenizerParams = TokenizerParams()
+    model: ModelParams = ModelParams()
+    train: TrainParams = TrainParams()
+    pretrain: PretrainParams = PretrainParams()
+    sft: SFTParams = SFTParams()
+    dpo: DPOParams = DPOParams()
+    distributed: DistributedParams = DistributedParams()
+    eval: EvalParams = EvalParams()
+
+    def stage(self, name: str) -> TrainParams:
+        """The merged training params of stage `name` (one of :data:`STAGE_SECTIONS`)."""
+        return getattr(self, name)
+
+
+def _suggest(key: str, model: type[BaseModel]) -> str:
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(model.model_fields)}"
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = Params
+    for part in loc:
+        field = model.model_fields.get(part) if model else None
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    return model
+
+
+def _format_errors(err: ValidationError, source: str, origin: dict[str, str]) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc)
+        if loc and loc[0] in origin and len(loc) > 1:
+            key = f"{origin[loc[0]].get(loc[1], loc[0])}.{'.'.join(str(p) for p in loc[1:])}"
+        if e["type"] == "extra_forbidden":
+            parent = _model_at(loc[:-1])
+            hint = _suggest(str(loc[-1]), parent) if parent else ""
+            lines.append(f"  {key}: unknown key{hint}")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {key or '<top level>'}: {msg} (got {e.get('input')!r})")
+    return f"{source}: invalid params:\n" + "\n".join(dict.fromkeys(lines))
+
+
+def parse_params(raw: Any, source: str = "params.yaml") -> Params:
+    """Validate a raw params mapping, merging `train` defaults under each training stage.
+
+    Args:
+        raw: The mapping read from params.yaml.
+        source: File name used in error messages.
+
+    Returns:
+        The validated, frozen :class:`Params`.
+
+    Raises:
+        ParamsError: A key is unknown, a value has the wrong type or range, or a cross-field rule fails.
+            The message names each key path (e.g. ``sft.lrr``) and suggests the fix.
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{source}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    merged = dict(raw)
+    train = raw.get("train") or {}
+    origin: dict[str, dict[str, str]] = {}
+    if isinstance(train, dict):
+        for name in STAGE_SECTIONS:
+            own = raw.get(name) or {}
+            if not isinstance(own, dict):
+                continue
+            merged[name] = {**train, **own}
+            origin[name] = {k: ("train" if k not in own else name) for k in merged[name]}
+    try:
+        return Params.model_validate(merged)
+    except ValidationError as err:
+        raise ParamsError(_format_errors(err, source, origin)) from None
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``raw["a"]["b"] = value`` for ``key="a.b"``, creating mappings on the way."""
+    *parents, leaf = key.split(".")
+    node = raw
+    for part in parents:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ParamsError(f"cannot set {key}: {part} is not a section")
+        node = child
+    node[leaf] = value
+
+
+def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Params:
+    """Read and validate params.yaml, with optional dotted-key overrides applied before validation.
+
+    Args:
+        path: The params file.
+        overrides: ``{"sft.lr": 1e-4, ...}``; validated exactly like values in the file.
+
+    Raises:
+        ParamsError: The file is missing, is not valid YAML (the message gives its line), or fails validation.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: no such params file; pass --config-path or run from the repository root") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ParamsError(f"{path}:{where}: YAML syntax error: {problem}") from None
+    if isinstance(raw, dict):
+        for key, value in (overrides or {}).items():
+            set_dotted(raw, key, value)
+    return parse_params(raw, str(path))

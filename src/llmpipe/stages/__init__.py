@@ -1,0 +1,42 @@
+"""The stage registry: task name → module `llmpipe.stages.<name>` exposing ``run(params, **kwargs)``.
+
+Modules are imported only when their task runs, so `llm-train --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+TASKS: dict[str, str] = {
+    "prepare": "Build train/validation/test datasets (pretraining text, SFT pairs, preference pairs, eval sets).",
+    "tokenizer": "Train a byte-level BPE tokenizer on the pretraining split (or load one).",
+    "baseline": "Save an untrained (random-init) model of the configured shape: the evaluation baseline.",
+    "pretrain": "Causal-LM pretraining of a Llama model on packed token blocks.",
+    "sft": "Supervised fine-tuning on chat pairs (TRL SFTTrainer), loss on assistant turns.",
+    "dpo": "Direct preference optimisation (TRL DPOTrainer) from the SFT model.",
+    "evaluate": "lm-evaluation-harness on one model (--model NAME).",
+    "report": "reports/report.md: every model × metric, task descriptions, stage wall times.",
+}
+"""Registered tasks and their one-line descriptions (shown by `llm-train --help`)."""
+
+ALIASES: dict[str, str] = {"lm": "pretrain"}
+
+TRAINING_TASKS = ("pretrain", "sft", "dpo")
+
+
+def resolve(task: str) -> str:
+    """Canonical task name.
+
+    Raises:
+        ValueError: `task` is not registered; the message lists the registered tasks.
+    """
+    task = ALIASES.get(task, task)
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; registered tasks: {', '.join(TASKS)} (alias: lm → pretrain)")
+    return task
+
+
+def runner(task: str) -> Callable[..., dict[str, float]]:
+    """The ``run`` function of `task`."""
+    return importlib.import_module(f"llmpipe.stages.{resolve(task)}").run
