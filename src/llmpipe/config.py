@@ -224,7 +224,6 @@ class DPOParams(TrainParams):
     )
     loss_weights: list[float] | None = Field(None, description="One weight per loss_type entry (None = all 1).")
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Conservative-DPO label noise (sigmoid loss).")
-    max_prompt_length: int = Field(128, gt=0, description="Prompt tokens kept (truncated from the left).")
 
     @model_validator(mode="after")
     def _weights_match(self) -> DPOParams:

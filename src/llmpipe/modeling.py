@@ -1,0 +1,84 @@
+"""Build a transformers causal LM from ``model:`` params, or load a saved one; save models as standard
+Hugging Face directories (safetensors + config + tokenizer with its chat template)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmpipe.config import ModelParams
+from llmpipe.errors import UserError
+from llmpipe.io import atomic_dir
+
+
+def build_model(cfg: ModelParams, tokenizer, seed: int):
+    """A randomly initialised `LlamaForCausalLM` (RoPE, SwiGLU, RMSNorm; GQA via `num_key_value_heads`).
+
+    Args:
+        cfg: Architecture.
+        tokenizer: Gives the vocabulary size and the bos/eos/pad ids.
+        seed: Seed of the weight init (same seed → same weights).
+
+    Returns:
+        The model in fp32, on CPU.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        rms_norm_eps=cfg.rms_norm_eps,
+        initializer_range=cfg.initializer_range,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def load_model(path: str | Path, what: str):
+    """Load a saved causal LM from a directory.
+
+    Raises:
+        UserError: The directory is missing (names the stage that makes it).
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise UserError(f"{path}: no model there; {what}")
+    return AutoModelForCausalLM.from_pretrained(path)
+
+
+def load_tokenizer(path: str | Path):
+    """Load the pipeline's tokenizer.
+
+    Raises:
+        UserError: The tokenizer directory is missing.
+    """
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not (path / "tokenizer_config.json").exists():
+        raise UserError(f"{path}: no tokenizer there; run the tokenizer stage first (dvc repro tokenizer)")
+    return AutoTokenizer.from_pretrained(path)
+
+
+def save_model(model, tokenizer, final: str | Path) -> None:
+    """Save model (safetensors) and tokenizer to `final` atomically (temp dir, then rename)."""
+    with atomic_dir(final) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+
+def count_parameters(model) -> int:
+    """Number of parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,15 @@
+"""`baseline` stage: the untrained model of the configured shape, saved like any other stage's model so
+`evaluate` scores it as the reference row (what training must beat)."""
+
+from __future__ import annotations
+
+from llmpipe.config import Params
+from llmpipe.modeling import build_model, count_parameters, load_tokenizer, save_model
+
+
+def run(params: Params) -> dict[str, float]:
+    """Save a random-init model (seed ``pretrain.seed``, the same init pretraining starts from) to models/baseline."""
+    tokenizer = load_tokenizer(params.paths.tokenizer)
+    model = build_model(params.model, tokenizer, params.pretrain.seed)
+    save_model(model, tokenizer, params.paths.out(params.paths.models, "baseline"))
+    return {"num_parameters": count_parameters(model)}

@@ -1,0 +1,88 @@
+"""`pretrain` stage: causal-LM training of a Llama model built from ``model:`` params on packed token blocks.
+
+Documents are tokenized, joined with eos and cut into blocks of ``max_length`` tokens (GPT-2 style
+packing), so no token is padding. Trainer: the Hugging Face `Trainer` (as fast as a raw loop here, see
+STACK-FACTS, and it brings checkpoint/resume of optimizer, scheduler, RNG and data position).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from llmpipe.config import Params
+from llmpipe.errors import UserError
+from llmpipe.io import read_jsonl
+from llmpipe.modeling import build_model, count_parameters, load_tokenizer
+from llmpipe.training import checkpoint_dir, tensorboard_callback, train_stage, training_kwargs
+
+log = logging.getLogger(__name__)
+
+
+class PackedBlocks:
+    """Fixed-length token blocks over a tokenized corpus: item i is tokens ``[i*T, (i+1)*T)``.
+
+    Args:
+        tokens: 1-D int64 tensor of all token ids, documents separated by eos, shape (N,).
+        block_size: T, tokens per block.
+    """
+
+    def __init__(self, tokens, block_size: int) -> None:
+        self.blocks = tokens[: len(tokens) // block_size * block_size].view(-1, block_size)  # (N // T, T)
+
+    def __len__(self) -> int:
+        return self.blocks.shape[0]
+
+    def __getitem__(self, i: int) -> dict:
+        block = self.blocks[i]  # (T,)
+        return {"input_ids": block, "labels": block}
+
+
+def pack(path: Path, tokenizer, block_size: int, max_blocks: int | None = None) -> PackedBlocks:
+    """Tokenize the ``text`` of every row of a jsonl file and pack it into blocks.
+
+    Raises:
+        UserError: The file is missing or yields fewer tokens than one block.
+    """
+    import torch
+
+    if not path.exists():
+        raise UserError(f"{path}: missing; run the prepare stage first (dvc repro prepare)")
+    texts = [row["text"] for row in read_jsonl(path)]
+    ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    flat = torch.tensor([t for doc in ids for t in (*doc, eos)], dtype=torch.long)
+    blocks = PackedBlocks(flat, block_size)
+    if len(blocks) == 0:
+        raise UserError(f"{path}: {len(flat)} tokens, fewer than one block of max_length={block_size}")
+    if max_blocks is not None:
+        blocks.blocks = blocks.blocks[:max_blocks]
+    return blocks
+
+
+def run(params: Params) -> dict[str, float]:
+    """Pretrain from random init; save models/pretrain. Returns losses, steps, tokens/s (see `train_stage`)."""
+    from transformers import Trainer, TrainingArguments
+
+    cfg = params.pretrain
+    data = Path(params.paths.data, "pretrain")
+    tokenizer = load_tokenizer(params.paths.tokenizer)
+    if cfg.max_length > params.model.max_position_embeddings:
+        raise UserError(
+            f"pretrain.max_length ({cfg.max_length}) exceeds model.max_position_embeddings "
+            f"({params.model.max_position_embeddings}); lower one or raise the other"
+        )
+    train = pack(data / "train.jsonl", tokenizer, cfg.max_length, cfg.num_samples)
+    valid = pack(data / "validation.jsonl", tokenizer, cfg.max_length, cfg.max_eval_samples)
+    log.info("pretrain: %d train blocks, %d validation blocks of %d tokens", len(train), len(valid), cfg.max_length)
+    run_dir = checkpoint_dir(params, "pretrain", [data, Path(params.paths.tokenizer)])
+    model = build_model(params.model, tokenizer, cfg.seed)
+    log.info("pretrain: %.2f M parameters", count_parameters(model) / 1e6)
+    trainer = Trainer(
+        model=model,
+        args=TrainingArguments(**training_kwargs(params, "pretrain", run_dir)),
+        train_dataset=train,
+        eval_dataset=valid,
+        callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "pretrain", "tensorboard"))],
+    )
+    return train_stage(trainer, params, "pretrain", run_dir, tokenizer)

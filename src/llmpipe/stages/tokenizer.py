@@ -1,0 +1,115 @@
+"""`tokenizer` stage: a byte-level BPE trained on the pretraining split, or a named tokenizer, saved with
+its special tokens and a chat template to ``paths.tokenizer``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from llmpipe.config import Params
+from llmpipe.errors import UserError
+from llmpipe.io import atomic_dir, read_jsonl
+
+log = logging.getLogger(__name__)
+
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+
+# Each turn is `<|role|>\n<content>` and an assistant turn ends with eos, so generation stops there.
+# `{% generation %}` marks the assistant tokens TRL's `assistant_only_loss` trains on.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}"
+    "{% else %}{{ message['content'] }}{% endif %}"
+    "{{ '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+
+def _texts(path: Path) -> Iterator[str]:
+    for row in read_jsonl(path):
+        yield row["text"]
+
+
+def train_bpe(texts: Iterator[str], vocab_size: int, min_frequency: int, model_max_length: int):
+    """Train a byte-level BPE (GPT-2 style, `tokenizers` library) and wrap it for transformers.
+
+    Args:
+        texts: Training documents.
+        vocab_size: Vocabulary size in tokens, special tokens included.
+        min_frequency: Minimum count of a pair to be merged.
+        model_max_length: Longest sequence in tokens the tokenizer reports.
+
+    Returns:
+        A `PreTrainedTokenizerFast` with bos/eos/pad (pad distinct from eos), role tokens and the chat template.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[PAD, BOS, EOS, *ROLE_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=list(ROLE_TOKENS),
+        model_max_length=model_max_length,
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def load_pretrained(name_or_path: str, model_max_length: int):
+    """Load a named or local tokenizer; add a pad token and our chat template when it has none.
+
+    Raises:
+        UserError: The tokenizer cannot be found (offline, a hub name must already be in the local cache).
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path)
+    except OSError as err:
+        raise UserError(f"tokenizer.name_or_path: cannot load {name_or_path!r}: {err}") from None
+    if tok.pad_token is None or tok.pad_token == tok.eos_token:
+        tok.add_special_tokens({"pad_token": PAD})
+    if tok.chat_template is None:
+        tok.add_special_tokens({"additional_special_tokens": list(ROLE_TOKENS)})
+        tok.chat_template = CHAT_TEMPLATE
+    tok.model_max_length = model_max_length
+    return tok
+
+
+def run(params: Params) -> dict[str, float]:
+    """Build the tokenizer and save it to ``paths.tokenizer``; returns vocab size and characters per token."""
+    cfg = params.tokenizer
+    data = Path(params.paths.data, "pretrain")
+    if cfg.kind == "train":
+        train_file = data / "train.jsonl"
+        if not train_file.exists():
+            raise UserError(f"{train_file}: missing; run the prepare stage first (dvc repro prepare)")
+        tok = train_bpe(_texts(train_file), cfg.vocab_size, cfg.min_frequency, cfg.model_max_length)
+    else:
+        tok = load_pretrained(cfg.name_or_path, cfg.model_max_length)
+    sample = [row["text"] for row in read_jsonl(data / "validation.jsonl")]
+    n_chars = sum(len(t) for t in sample)
+    n_tokens = sum(len(ids) for ids in tok(sample, verbose=False)["input_ids"])
+    with atomic_dir(params.paths.out(params.paths.tokenizer)) as tmp:
+        tok.save_pretrained(tmp)
+    log.info("tokenizer: %d tokens, %.2f characters per token on validation", len(tok), n_chars / max(n_tokens, 1))
+    return {"vocab_size": len(tok), "chars_per_token_validation": round(n_chars / max(n_tokens, 1), 4)}

@@ -1,0 +1,231 @@
+"""What every training stage shares: params → `TrainingArguments` (one mapping), the checkpoint
+fingerprint and folder, resume, per-step logs (CSV for `dvc plots`, TensorBoard), and the atomic save
+of the final model.
+
+Training runs on the Hugging Face `Trainer` (TRL's trainers subclass it): it sits on Accelerate, so one
+CPU process, DDP, FSDP and DeepSpeed are the same code, and it checkpoints model, optimizer, scheduler,
+RNG states and the data position, which is what resume needs.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from llmpipe.config import BUDGET_KEYS, Params, TrainParams
+from llmpipe.errors import UserError
+from llmpipe.io import atomic_file
+from llmpipe.modeling import save_model
+
+log = logging.getLogger(__name__)
+
+
+def resolve_precision(precision: str) -> tuple[bool, bool]:
+    """Map ``train.precision`` to ``(bf16, fp16)`` for the device this process will train on.
+
+    `auto` is bf16 on a CUDA device that supports it, or on a CPU with native bf16 (AVX512-BF16/AMX);
+    otherwise fp32.
+
+    Raises:
+        UserError: fp16 was asked for without a CUDA device, or bf16 on a GPU that lacks it.
+    """
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if precision == "fp32":
+        return False, False
+    if precision == "fp16":
+        if not cuda:
+            raise UserError("train.precision: fp16 needs a CUDA device; use bf16, auto or fp32 on CPU")
+        return False, True
+    if cuda:
+        supported = torch.cuda.is_bf16_supported()
+    else:
+        supported = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    if precision == "bf16" and cuda and not supported:
+        raise UserError("train.precision: this GPU has no bf16; use fp16, auto or fp32")
+    return (precision == "bf16" or supported), False
+
+
+def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, Any]:
+    """The `TrainingArguments` keywords of a stage: the one place our params reach the HF Trainer.
+
+    Args:
+        params: Validated params.
+        stage: A training stage section name (`pretrain`, `sft`, `dpo`).
+        output_dir: The run's checkpoint folder.
+
+    Returns:
+        Keyword arguments valid for `TrainingArguments` and every TRL `<Method>Config`.
+    """
+    import torch
+
+    t: TrainParams = params.stage(stage)
+    bf16, fp16 = resolve_precision(t.precision)
+    return {
+        "output_dir": str(output_dir),
+        "learning_rate": t.lr,
+        "per_device_train_batch_size": t.per_device_train_batch_size,
+        "per_device_eval_batch_size": t.per_device_eval_batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "max_steps": t.max_steps,
+        "num_train_epochs": t.num_train_epochs,
+        "warmup_steps": t.warmup_steps,
+        "lr_scheduler_type": t.lr_scheduler_type,
+        "weight_decay": t.weight_decay,
+        "adam_beta1": t.adam_beta1,
+        "adam_beta2": t.adam_beta2,
+        "max_grad_norm": t.max_grad_norm,
+        "optim": t.optim,
+        "seed": t.seed,
+        "data_seed": t.seed,
+        "bf16": bf16,
+        "fp16": fp16,
+        "logging_steps": t.logging_steps,
+        "eval_strategy": "steps",
+        "eval_steps": t.eval_steps,
+        "save_strategy": "steps",
+        "save_steps": t.save_steps,
+        "save_total_limit": t.save_total_limit,
+        "dataloader_num_workers": t.dataloader_num_workers,
+        "gradient_checkpointing": params.distributed.gradient_checkpointing,
+        "torch_compile": params.distributed.torch_compile,
+        "use_cpu": not torch.cuda.is_available(),
+        "include_num_input_tokens_seen": True,
+        "report_to": "none",
+        "disable_tqdm": False,
+    }
+
+
+def hash_paths(paths: list[Path]) -> str:
+    """SHA-256 over the relative names and bytes of every file under `paths` (files or folders), in order."""
+    h = hashlib.sha256()
+    for root in paths:
+        files = sorted(p for p in Path(root).rglob("*") if p.is_file()) if Path(root).is_dir() else [Path(root)]
+        for f in files:
+            h.update(str(f.relative_to(root) if f != Path(root) else f.name).encode())
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def fingerprint(params: Params, stage: str, inputs: list[Path]) -> str:
+    """Identity of a training run: its params (step/epoch budgets excluded) and the bytes of its inputs.
+
+    Two runs with the same fingerprint are the same run, so the second may resume the first's checkpoint;
+    raising only `max_steps`/`num_train_epochs` keeps the fingerprint and continues training.
+
+    Returns:
+        16 hex characters.
+    """
+    stage_params = {k: v for k, v in params.stage(stage).model_dump().items() if k not in BUDGET_KEYS}
+    relevant = {
+        "stage": stage,
+        "stage_params": stage_params,
+        "model": params.model.model_dump(),
+        "distributed": params.distributed.model_dump(),
+        "inputs": hash_paths(inputs),
+    }
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def checkpoint_dir(params: Params, stage: str, inputs: list[Path]) -> Path:
+    """``checkpoints/<stage>/<fingerprint>/`` under the output root."""
+    return params.paths.out(params.paths.checkpoints, stage, fingerprint(params, stage, inputs))
+
+
+def last_checkpoint(run_dir: Path) -> Path | None:
+    """The newest `checkpoint-<step>` in `run_dir` that holds a complete trainer state, or None."""
+    if not run_dir.is_dir():
+        return None
+    done = [p for p in run_dir.glob("checkpoint-*") if (p / "trainer_state.json").exists() and p.name[11:].isdigit()]
+    return max(done, key=lambda p: int(p.name[11:]), default=None)
+
+
+class ThroughputLog:
+    """Trainer callback adding tokens/s (input tokens, all ranks) to every training log entry.
+
+    It must run before the printing and TensorBoard callbacks, so :func:`train_stage` puts it first.
+    """
+
+    def __init__(self) -> None:
+        self._t = None
+        self._tokens = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._t, self._tokens = time.perf_counter(), state.num_input_tokens_seen
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or "loss" not in logs or self._t is None:
+            return
+        now = time.perf_counter()
+        rate = (state.num_input_tokens_seen - self._tokens) / max(now - self._t, 1e-9)
+        self._t, self._tokens = now, state.num_input_tokens_seen
+        logs["tokens_per_s"] = round(rate, 1)
+        if state.log_history:
+            state.log_history[-1]["tokens_per_s"] = logs["tokens_per_s"]
+
+    def __getattr__(self, name):  # the other TrainerCallback events are no-ops
+        if name.startswith("on_"):
+            return lambda *a, **k: None
+        raise AttributeError(name)
+
+
+def write_plots(log_history: list[dict[str, Any]], log_dir: Path) -> None:
+    """Write ``train.csv`` (step, loss, learning_rate, grad_norm, tokens_per_s) and ``eval.csv`` (step, eval_loss)
+    from the trainer's whole log history (which checkpoints carry, so a resumed run's plots are complete)."""
+    train_cols = ["step", "epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "num_input_tokens_seen"]
+    train_rows = [r for r in log_history if "loss" in r]
+    eval_rows = [r for r in log_history if "eval_loss" in r]
+    eval_cols = ["step", "epoch"] + sorted({k for r in eval_rows for k in r if k.startswith("eval_")})
+    for name, cols, rows in (("train.csv", train_cols, train_rows), ("eval.csv", eval_cols, eval_rows)):
+        with atomic_file(log_dir / name) as fh:
+            writer = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def tensorboard_callback(log_dir: Path):
+    """A TensorBoard callback writing events to ``log_dir`` (transformers 5 no longer takes a logging_dir)."""
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+
+    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
+
+
+def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -> dict[str, float]:
+    """Train (resuming the newest complete checkpoint in `run_dir`), save the final model, return metrics.
+
+    The final model goes to ``models/<stage>`` atomically; the per-step logs to ``logs/<stage>/``.
+
+    Returns:
+        ``train_loss`` (mean over the run), ``eval_loss`` (final validation), ``steps``, ``tokens_per_s``
+        (mean over logged steps), ``resumed_from_step`` (0 for a fresh run), ``num_parameters``.
+    """
+    trainer.callback_handler.callbacks.insert(0, ThroughputLog())
+    resume = last_checkpoint(run_dir)
+    resumed_step = int(resume.name[11:]) if resume else 0
+    if resume:
+        log.info("%s: resuming from %s (step %d)", stage, resume, resumed_step)
+    else:
+        log.info("%s: fresh run in %s", stage, run_dir)
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    final_eval = trainer.evaluate()
+    if trainer.is_world_process_zero():
+        save_model(trainer.model, tokenizer, params.paths.out(params.paths.models, stage))
+        write_plots(trainer.state.log_history, params.paths.out(params.paths.logs, stage))
+    rates = [r["tokens_per_s"] for r in trainer.state.log_history if "tokens_per_s" in r]
+    eval_loss = final_eval.get("eval_loss", math.nan)
+    return {
+        "train_loss": round(float(result.training_loss), 5),
+        "eval_loss": round(float(eval_loss), 5),
+        "steps": int(trainer.state.global_step),
+        "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else 0.0,
+        "resumed_from_step": resumed_step,
+        "num_parameters": sum(p.numel() for p in trainer.model.parameters()),
+    }
