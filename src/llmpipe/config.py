@@ -66,7 +66,10 @@ class StdlibSourceParams(_Section):
 
 
 class LocalSourceParams(_Section):
-    """Users' own files (text / jsonl / parquet, a file or a folder) per dataset kind; null = not provided."""
+    """Users' own files (.txt / .jsonl / .parquet, a file or a folder of one format) per dataset kind; null = none.
+
+    `sft` and `preference` are read when `data.source` is 'local' or 'hf' (the hub gives the pretraining text).
+    """
 
     pretrain: str | None = Field(None, description="Text documents: .txt files, or jsonl/parquet with a `text` field.")
     sft: str | None = Field(None, description="jsonl/parquet with `messages`, or `prompt` + `completion`.")
@@ -81,6 +84,15 @@ class HFSourceParams(_Section):
     split: str = Field("train", description="Split to read.")
     text_field: str = Field("text", description="Column holding the document text.")
     max_documents: int | None = Field(None, gt=0, description="Read at most this many documents.")
+    streaming: bool = Field(
+        False, description="Stream the dataset instead of downloading it whole (needs max_documents)."
+    )
+
+    @model_validator(mode="after")
+    def _streaming_bounded(self) -> HFSourceParams:
+        if self.streaming and self.max_documents is None:
+            raise ValueError("data.hf.streaming is true but data.hf.max_documents is not set: give a document count")
+        return self
 
 
 class DataParams(_Section):
@@ -94,12 +106,20 @@ class DataParams(_Section):
     max_chars_per_document: int = Field(
         200_000, gt=0, description="Longer documents are cut (keeps one huge module from dominating)."
     )
+    eval_max_chars_per_document: int = Field(
+        4000, gt=0, description="Perplexity-eval documents are cut to this many characters (keeps evaluation fast)."
+    )
     stdlib: StdlibSourceParams = StdlibSourceParams()
     local: LocalSourceParams = LocalSourceParams()
     hf: HFSourceParams = HFSourceParams()
 
     @model_validator(mode="after")
     def _source_configured(self) -> DataParams:
+        if self.stdlib.min_body_lines > self.stdlib.max_body_lines:
+            raise ValueError(
+                f"data.stdlib.min_body_lines ({self.stdlib.min_body_lines}) exceeds data.stdlib.max_body_lines "
+                f"({self.stdlib.max_body_lines})"
+            )
         if self.source == "local" and self.local.pretrain is None:
             raise ValueError("data.source is 'local' but data.local.pretrain is not set: give a file or folder path")
         if self.source == "hf" and self.hf.name is None:

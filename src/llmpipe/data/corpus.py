@@ -1,0 +1,49 @@
+"""What every data source produces (:class:`Corpus`), and the evaluation sets cut from its test split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmpipe.config import DataParams
+from llmpipe.data.splits import subsample
+
+EVAL_SETS = ("perplexity", "signature_mc", "sft", "preference")
+"""Files written under ``<paths.data>/eval/`` (``<name>.jsonl``); an empty one is skipped by the evaluator."""
+
+
+@dataclass
+class Corpus:
+    """Prepared rows per split (``train``/``validation``/``test``), before they are written.
+
+    Attributes:
+        pretrain: Documents ``{"text", "source"}`` per split.
+        sft: Chat rows ``{"messages": [user, assistant], "name", "source"}`` per split.
+        preference: TRL conversational rows ``{"prompt", "chosen", "rejected", "corruption", "name", "source"}``.
+        signature_mc: The docstring → signature multiple-choice eval set (stdlib only; empty otherwise).
+        manifest: Provenance for ``pretrain/manifest.json``: ``source``, ``description``, ``num_files``,
+            ``num_skipped_files``, ``content_sha256`` (hex). No absolute paths.
+    """
+
+    pretrain: dict[str, list[dict[str, Any]]]
+    sft: dict[str, list[dict[str, Any]]]
+    preference: dict[str, list[dict[str, Any]]]
+    signature_mc: list[dict[str, Any]] = field(default_factory=list)
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+
+def eval_sets(corpus: Corpus, data: DataParams) -> dict[str, list[dict[str, Any]]]:
+    """The evaluation sets, all from the test split, each at most `data.num_eval_examples` rows (seeded).
+
+    Returns:
+        ``{"perplexity": [{"text"}], "signature_mc": [...], "sft": [...], "preference": [...]}``; perplexity
+        documents are cut to `data.eval_max_chars_per_document` characters.
+    """
+    n, seed = data.num_eval_examples, data.seed
+    docs = subsample(corpus.pretrain["test"], n, seed, "eval/perplexity")
+    return {
+        "perplexity": [{"text": d["text"][: data.eval_max_chars_per_document]} for d in docs],
+        "signature_mc": subsample(corpus.signature_mc, n, seed, "eval/signature_mc"),
+        "sft": subsample(corpus.sft["test"], n, seed, "eval/sft"),
+        "preference": subsample(corpus.preference["test"], n, seed, "eval/preference"),
+    }

@@ -1,0 +1,146 @@
+"""`prepare`: build the pretraining, SFT, preference and evaluation datasets under ``paths.data``.
+
+Writes ``<paths.data>/{pretrain,sft,preference}/{train,validation,test}.jsonl``,
+``<paths.data>/pretrain/manifest.json`` (provenance) and ``<paths.data>/eval/{perplexity,signature_mc,sft,
+preference}.jsonl``. Everything is built in memory first, then each folder is written into a temporary
+sibling that replaces it in one rename, so a failed or killed run leaves the previous data as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from llmpipe.config import DataParams, Params
+from llmpipe.data.corpus import EVAL_SETS, Corpus, eval_sets
+from llmpipe.data.corrupt import CORRUPTIONS
+from llmpipe.data.splits import SPLITS
+from llmpipe.errors import UserError
+from llmpipe.io import atomic_dir, write_json, write_jsonl
+
+DATASETS = ("pretrain", "sft", "preference")
+"""Folders with one ``<split>.jsonl`` per split."""
+
+FOLDERS = (*DATASETS, "eval")
+"""Every folder `prepare` writes under ``paths.data``."""
+
+
+def run(params: Params) -> dict[str, float]:
+    """Build every dataset from `params.data` and write it under ``paths.out(paths.data)``.
+
+    Returns:
+        Numbers only (DVC metrics): ``python_version`` (major + minor / 100, e.g. 3.11), ``num_files``,
+        ``num_skipped_files``, ``content_hash_int`` (first 12 hex digits of the content sha256 as an int),
+        ``num_documents_<split>``, ``num_sft_<split>``, ``num_preference_<split>``,
+        ``num_preference_<corruption>_train``, ``num_eval_<set>``, ``num_chars_train``.
+
+    Raises:
+        UserError: Bad data paths or contents, an input inside an output folder, or too few documents.
+    """
+    root = params.paths.out(params.paths.data)
+    _check_inputs_outside(params.data, root)
+    corpus = build_corpus(params.data)
+    _check_nonempty(corpus)
+    evals = eval_sets(corpus, params.data)
+    write(root, corpus, evals, manifest(corpus, evals, params.data))
+    return metrics(corpus, evals)
+
+
+def build_corpus(data: DataParams) -> Corpus:
+    """The corpus of `data.source`: the embedded stdlib, local files or a `datasets` dataset."""
+    if data.source == "stdlib":
+        from llmpipe.data import stdlib
+
+        return stdlib.build_corpus(data)
+    from llmpipe.data import sources
+
+    return sources.build_corpus(data)
+
+
+def _check_inputs_outside(data: DataParams, root: Path) -> None:
+    """Refuse inputs under a folder `prepare` replaces (they would be deleted by the write)."""
+    inputs = {"data.local.pretrain": data.local.pretrain, "data.local.sft": data.local.sft,
+              "data.local.preference": data.local.preference}
+    if data.source == "hf":
+        inputs["data.hf.name"] = data.hf.name
+    for key, value in inputs.items():
+        if value is None or (key.startswith("data.local") and data.source == "stdlib"):
+            continue
+        for folder in FOLDERS:
+            if Path(value).resolve().is_relative_to((root / folder).resolve()):
+                raise UserError(f"{key}: {value} is inside {root / folder}, which prepare rewrites; move it elsewhere "
+                                f"(e.g. {root / 'raw'})")
+
+
+def _check_nonempty(corpus: Corpus) -> None:
+    counts = {s: len(corpus.pretrain[s]) for s in SPLITS}
+    if not counts["train"]:
+        raise UserError(f"data.source {corpus.manifest['source']}: no documents with text; check the data paths")
+    if not all(counts.values()):
+        raise UserError(f"data.source {corpus.manifest['source']}: too few distinct documents to split ({counts}); "
+                        "give at least 3 so train, validation and test each get one")
+
+
+def manifest(corpus: Corpus, evals: dict[str, list[dict[str, Any]]], data: DataParams) -> dict[str, Any]:
+    """Provenance written to ``pretrain/manifest.json``: interpreter, source, content hash, split, counts."""
+    return {
+        **corpus.manifest,
+        "python_version": sys.version,
+        "python_implementation": platform.python_implementation(),
+        "seed": data.seed,
+        "validation_fraction": data.validation_fraction,
+        "test_fraction": data.test_fraction,
+        "counts": {
+            **{kind: {s: len(getattr(corpus, kind)[s]) for s in SPLITS} for kind in DATASETS},
+            "eval": {name: len(rows) for name, rows in evals.items()},
+        },
+        "num_chars": {s: sum(len(d["text"]) for d in corpus.pretrain[s]) for s in SPLITS},
+    }
+
+
+def write(root: Path, corpus: Corpus, evals: dict[str, list[dict[str, Any]]], info: dict[str, Any]) -> None:
+    """Write every folder under `root`; all of them are renamed into place only after all were written."""
+    for folder in FOLDERS:
+        for stale in [*root.glob(f".{folder}.tmp-*"), *root.glob(f".{folder}.old-*")]:
+            _remove(stale)
+    with contextlib.ExitStack() as stack:
+        tmp = {folder: stack.enter_context(atomic_dir(root / folder)) for folder in FOLDERS}
+        for kind in DATASETS:
+            for split in SPLITS:
+                write_jsonl(tmp[kind] / f"{split}.jsonl", getattr(corpus, kind)[split])
+        for name in EVAL_SETS:
+            write_jsonl(tmp["eval"] / f"{name}.jsonl", evals[name])
+        write_json(tmp["pretrain"] / "manifest.json", info)
+
+
+def _remove(path: Path) -> None:
+    """Remove a leftover temporary file or folder of a killed run."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def metrics(corpus: Corpus, evals: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """The numbers `run` returns (see there)."""
+    v = sys.version_info
+    out: dict[str, float] = {
+        "python_version": round(v.major + v.minor / 100, 2),
+        "num_files": corpus.manifest["num_files"],
+        "num_skipped_files": corpus.manifest["num_skipped_files"],
+        "content_hash_int": int(corpus.manifest["content_sha256"][:12], 16),
+    }
+    for split in SPLITS:
+        out[f"num_documents_{split}"] = len(corpus.pretrain[split])
+        out[f"num_sft_{split}"] = len(corpus.sft[split])
+        out[f"num_preference_{split}"] = len(corpus.preference[split])
+    for kind in CORRUPTIONS:
+        out[f"num_preference_{kind}_train"] = sum(r["corruption"] == kind for r in corpus.preference["train"])
+    for name in EVAL_SETS:
+        out[f"num_eval_{name}"] = len(evals[name])
+    out["num_chars_train"] = sum(len(d["text"]) for d in corpus.pretrain["train"])
+    return out
