@@ -157,6 +157,7 @@ class ModelParams(_Section):
     rms_norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
     initializer_range: float = Field(0.02, gt=0, description="Std of the normal weight init.")
     tie_word_embeddings: bool = Field(True, description="Share input embedding and LM head.")
+    init_seed: int = Field(0, description="Seed of the random weight init (pretrain and the baseline start from it).")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelParams:

@@ -10,13 +10,12 @@ from llmpipe.errors import UserError
 from llmpipe.io import atomic_dir
 
 
-def build_model(cfg: ModelParams, tokenizer, seed: int):
+def build_model(cfg: ModelParams, tokenizer):
     """A randomly initialised `LlamaForCausalLM` (RoPE, SwiGLU, RMSNorm; GQA via `num_key_value_heads`).
 
     Args:
-        cfg: Architecture.
+        cfg: Architecture and `init_seed` (same seed → same weights).
         tokenizer: Gives the vocabulary size and the bos/eos/pad ids.
-        seed: Seed of the weight init (same seed → same weights).
 
     Returns:
         The model in fp32, on CPU.
@@ -40,7 +39,7 @@ def build_model(cfg: ModelParams, tokenizer, seed: int):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    torch.manual_seed(seed)
+    torch.manual_seed(cfg.init_seed)
     return LlamaForCausalLM(config)
 
 

@@ -94,7 +94,7 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
         "save_steps": t.save_steps,
         "save_total_limit": t.save_total_limit,
         "dataloader_num_workers": t.dataloader_num_workers,
-        "gradient_checkpointing": params.distributed.gradient_checkpointing,
+        "activation_checkpointing": params.distributed.gradient_checkpointing,
         "torch_compile": params.distributed.torch_compile,
         "use_cpu": not torch.cuda.is_available(),
         "include_num_input_tokens_seen": True,
@@ -118,16 +118,16 @@ def fingerprint(params: Params, stage: str, inputs: list[Path]) -> str:
     """Identity of a training run: its params (step/epoch budgets excluded) and the bytes of its inputs.
 
     Two runs with the same fingerprint are the same run, so the second may resume the first's checkpoint;
-    raising only `max_steps`/`num_train_epochs` keeps the fingerprint and continues training.
+    raising only `max_steps`/`num_train_epochs` keeps the fingerprint and continues training. The inputs
+    (data, tokenizer, base model) carry everything upstream, so upstream params need not be listed.
 
     Returns:
         16 hex characters.
     """
-    stage_params = {k: v for k, v in params.stage(stage).model_dump().items() if k not in BUDGET_KEYS}
     relevant = {
         "stage": stage,
-        "stage_params": stage_params,
-        "model": params.model.model_dump(),
+        "stage_params": {k: v for k, v in params.stage(stage).model_dump().items() if k not in BUDGET_KEYS},
+        "model": params.model.model_dump() if stage == "pretrain" else None,
         "distributed": params.distributed.model_dump(),
         "inputs": hash_paths(inputs),
     }

@@ -8,8 +8,8 @@ from llmpipe.modeling import build_model, count_parameters, load_tokenizer, save
 
 
 def run(params: Params) -> dict[str, float]:
-    """Save a random-init model (seed ``pretrain.seed``, the same init pretraining starts from) to models/baseline."""
+    """Save a random-init model (seed ``model.init_seed``, the init pretraining starts from) to models/baseline."""
     tokenizer = load_tokenizer(params.paths.tokenizer)
-    model = build_model(params.model, tokenizer, params.pretrain.seed)
+    model = build_model(params.model, tokenizer)
     save_model(model, tokenizer, params.paths.out(params.paths.models, "baseline"))
     return {"num_parameters": count_parameters(model)}

@@ -76,7 +76,7 @@ def run(params: Params) -> dict[str, float]:
     valid = pack(data / "validation.jsonl", tokenizer, cfg.max_length, cfg.max_eval_samples)
     log.info("pretrain: %d train blocks, %d validation blocks of %d tokens", len(train), len(valid), cfg.max_length)
     run_dir = checkpoint_dir(params, "pretrain", [data, Path(params.paths.tokenizer)])
-    model = build_model(params.model, tokenizer, cfg.seed)
+    model = build_model(params.model, tokenizer)
     log.info("pretrain: %.2f M parameters", count_parameters(model) / 1e6)
     trainer = Trainer(
         model=model,

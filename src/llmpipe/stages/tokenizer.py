@@ -16,18 +16,20 @@ log = logging.getLogger(__name__)
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 
-# Each turn is `<|role|>\n<content>` and an assistant turn ends with eos, so generation stops there.
-# `{% generation %}` marks the assistant tokens TRL's `assistant_only_loss` trains on.
+# Each turn is `<|role|><content>\n` and an assistant turn ends with eos, so generation stops there. The
+# role token is special, so the prompt rendered alone is a token prefix of prompt + completion (no merge
+# across the boundary, which DPO and lm-eval rely on). `{% generation %}` marks the assistant tokens
+# TRL's `assistant_only_loss` trains on.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\n' }}"
+    "{{ '<|' + message['role'] + '|>' }}"
     "{% if message['role'] == 'assistant' %}"
     "{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}"
     "{% else %}{{ message['content'] }}{% endif %}"
-    "{{ '\n' }}"
+    "{{ '\\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
 

@@ -1,0 +1,33 @@
+# `make run`: set up .venv when missing, then run the whole DAG (dvc repro) on the embedded default data.
+# `make test`: same set-up, then the whole test suite, slow end-to-end tests included (.ci/run calls this).
+VENV ?= .venv
+PYTHON ?= python3
+STAMP := $(VENV)/.installed-stamp
+
+# Nothing at run time may download: the default pipeline and the tests run offline.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install run test test-fast clean-outputs
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: this machine's CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
+	$(VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	dvc repro
+
+test: install
+	pytest
+
+# Development loop: everything but the end-to-end tests that train models.
+test-fast: install
+	pytest -m "not slow"

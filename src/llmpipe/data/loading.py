@@ -1,0 +1,36 @@
+"""Load a prepared split (jsonl written by `prepare`) as an in-memory `datasets.Dataset` for the trainers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmpipe.errors import UserError
+from llmpipe.io import read_jsonl
+
+
+def load_split(path: Path, columns: tuple[str, ...], limit: int | None = None):
+    """Rows of a prepared jsonl split, keeping only `columns` (what TRL's trainers expect).
+
+    Args:
+        path: A file under ``data/<kind>/<split>.jsonl``.
+        columns: Columns to keep, e.g. ``("messages",)`` or ``("prompt", "chosen", "rejected")``.
+        limit: Keep at most this many rows (the first ones: prepare already shuffled by hash).
+
+    Returns:
+        A `datasets.Dataset` held in memory (no cache files).
+
+    Raises:
+        UserError: The file is missing or empty, or a row lacks a column.
+    """
+    from datasets import Dataset
+
+    if not path.exists():
+        raise UserError(f"{path}: missing; run the prepare stage first (dvc repro prepare)")
+    rows = read_jsonl(path)[:limit]
+    if not rows:
+        raise UserError(f"{path}: no rows; check data.* in params.yaml and rerun prepare")
+    for lineno, row in enumerate(rows, 1):
+        missing = [c for c in columns if c not in row]
+        if missing:
+            raise UserError(f"{path}:{lineno}: missing column(s) {missing}; expected {list(columns)}")
+    return Dataset.from_list([{c: row[c] for c in columns} for row in rows])

@@ -1,0 +1,56 @@
+"""`dpo` stage: Direct Preference Optimization (Rafailov et al. 2023) of models/sft on preference pairs
+with TRL's `DPOTrainer`; the SFT model is the frozen reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmpipe.config import Params
+from llmpipe.data.loading import load_split
+from llmpipe.modeling import load_model, load_tokenizer
+from llmpipe.training import checkpoint_dir, tensorboard_callback, train_stage, training_kwargs
+
+COLUMNS = ("prompt", "chosen", "rejected")
+
+
+def dpo_config(params: Params, run_dir: Path):
+    """Our params → `trl.DPOConfig`, field by field."""
+    from trl import DPOConfig
+
+    cfg = params.dpo
+    return DPOConfig(
+        **training_kwargs(params, "dpo", run_dir),
+        beta=cfg.beta,
+        loss_type=list(cfg.loss_type),
+        loss_weights=cfg.loss_weights,
+        label_smoothing=cfg.label_smoothing,
+        max_length=cfg.max_length,
+        dataset_num_proc=None,
+    )
+
+
+def run(params: Params) -> dict[str, float]:
+    """Preference-tune models/sft on data/preference; save models/dpo. Returns losses, reward accuracy, steps."""
+    from trl import DPOTrainer
+
+    cfg = params.dpo
+    data = Path(params.paths.data, "preference")
+    base = Path(params.paths.models, "sft")
+    tokenizer = load_tokenizer(params.paths.tokenizer)
+    missing = "run the sft stage first (dvc repro sft)"
+    run_dir = checkpoint_dir(params, "dpo", [data, base, Path(params.paths.tokenizer)])
+    trainer = DPOTrainer(
+        model=load_model(base, missing),
+        ref_model=load_model(base, missing),
+        args=dpo_config(params, run_dir),
+        train_dataset=load_split(data / "train.jsonl", COLUMNS, cfg.num_samples),
+        eval_dataset=load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples),
+        processing_class=tokenizer,
+        callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "dpo", "tensorboard"))],
+    )
+    metrics = train_stage(trainer, params, "dpo", run_dir, tokenizer)
+    final = [r for r in trainer.state.log_history if "eval_rewards/accuracies" in r]
+    if final:
+        metrics["eval_reward_accuracy"] = round(float(final[-1]["eval_rewards/accuracies"]), 4)
+        metrics["eval_reward_margin"] = round(float(final[-1]["eval_rewards/margins"]), 4)
+    return metrics
