@@ -1,0 +1,131 @@
+"""The whole DAG with the real `dvc repro` and `dvc exp run`, on tiny params, in a temporary git repo.
+
+One module-scoped repo; the tests run in file order and build on each other, as a user's day would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, TINY_PARAMS
+
+pytestmark = pytest.mark.slow
+
+ALL_STAGES = {"prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo", "report"} | {
+    f"evaluate@{m}" for m in ("baseline", "pretrain", "sft", "dpo")
+}
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = deep_merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
+
+
+def sh(repo: Path, env: dict[str, str], *cmd: str) -> str:
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    return proc.stdout + proc.stderr
+
+
+def stages_run(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+@pytest.fixture(scope="module")
+def env(offline_env, tmp_path_factory) -> dict[str, str]:
+    env = dict(offline_env)
+    env["HF_HOME"] = str(tmp_path_factory.mktemp("hf_home"))
+    env["GIT_AUTHOR_NAME"] = env["GIT_COMMITTER_NAME"] = "test"
+    env["GIT_AUTHOR_EMAIL"] = env["GIT_COMMITTER_EMAIL"] = "test@example.invalid"
+    return env
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, env) -> Path:
+    """A git + DVC repo holding this project's dvc.yaml, code and tiny params."""
+    repo = tmp_path_factory.mktemp("repo")
+    shutil.copytree(ROOT / "src", repo / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("dvc.yaml", ".gitignore"):
+        shutil.copy(ROOT / name, repo / name)
+    shipped = yaml.safe_load((ROOT / "params.yaml").read_text())
+    (repo / "params.yaml").write_text(yaml.safe_dump(deep_merge(shipped, yaml.safe_load(TINY_PARAMS))))
+    sh(repo, env, "git", "init", "-q")
+    sh(repo, env, "dvc", "init", "-q")
+    sh(repo, env, "dvc", "config", "core.analytics", "false")
+    sh(repo, env, "git", "add", "-A")
+    sh(repo, env, "git", "commit", "-qm", "init")
+    return repo
+
+
+def test_repro_builds_every_artifact(repo, env):
+    out = sh(repo, env, "dvc", "repro")
+    assert stages_run(out) == ALL_STAGES
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for stage in ("baseline", "pretrain", "sft", "dpo"):
+        model = AutoModelForCausalLM.from_pretrained(repo / "models" / stage)
+        tok = AutoTokenizer.from_pretrained(repo / "models" / stage)
+        assert tok.chat_template and tok.pad_token_id != tok.eos_token_id
+        assert model.config.vocab_size == len(tok)
+    for stage in ("pretrain", "sft", "dpo"):
+        metrics = json.loads((repo / "metrics" / f"{stage}.json").read_text())
+        assert math.isfinite(metrics["train_loss"]) and math.isfinite(metrics["eval_loss"]), stage
+        assert metrics["steps"] == 12
+        assert (repo / "logs" / stage / "train.csv").read_text().count("\n") > 1
+    for model in ("baseline", "pretrain", "sft", "dpo"):
+        metrics = json.loads((repo / "metrics" / "eval" / f"{model}.json").read_text())
+        values = [v for k, v in metrics.items() if k != "wall_time_s"]
+        assert values and all(math.isfinite(v) for v in values), model
+    report = (repo / "reports" / "report.md").read_text()
+    assert "| dpo |" in report or "dpo" in report
+    assert (repo / "dvc.lock").exists()
+
+
+def test_nothing_was_downloaded(env):
+    hub = Path(env["HF_HOME"]) / "hub"
+    assert not hub.exists() or not any(hub.iterdir())
+
+
+def test_second_repro_does_nothing(repo, env):
+    out = sh(repo, env, "dvc", "repro")
+    assert stages_run(out) == set()
+    assert "up to date" in out
+
+
+def test_exp_run_lr_reruns_from_pretrain_with_fresh_checkpoints(repo, env):
+    sh(repo, env, "git", "add", "-A")
+    sh(repo, env, "git", "commit", "-qm", "baseline run")
+    before = set((repo / "checkpoints" / "pretrain").iterdir())
+    out = sh(repo, env, "dvc", "exp", "run", "-n", "lr5e-4", "-S", "train.lr=5e-4")
+    assert stages_run(out) == ALL_STAGES - {"prepare", "tokenizer", "baseline", "evaluate@baseline"}
+    assert "resuming from" not in out, "another run's checkpoint was resumed"
+    after = set((repo / "checkpoints" / "pretrain").iterdir())
+    assert len(after - before) == 1, "the new lr trains in a new fingerprint folder"
+    assert "lr5e-4" in sh(repo, env, "dvc", "exp", "show", "--no-pager")
+
+
+def test_exp_run_beta_reruns_only_dpo_and_after(repo, env):
+    out = sh(repo, env, "dvc", "exp", "run", "-n", "beta0.2", "-S", "dpo.beta=0.2")
+    assert stages_run(out) == {"dpo", "evaluate@dpo", "report"}
+    assert "resuming from" not in out
+
+
+def test_no_checkpoint_in_git_or_experiment_refs(repo, env):
+    tracked = sh(repo, env, "git", "ls-files").splitlines()
+    refs = sh(repo, env, "git", "for-each-ref", "--format=%(refname)", "refs/exps").split()
+    assert refs, "the experiments were saved as refs"
+    for ref in refs:
+        tracked += sh(repo, env, "git", "ls-tree", "-r", "--name-only", ref).splitlines()
+    assert not [f for f in tracked if f.startswith("checkpoints/") or "/checkpoint-" in f]
+    assert not [f for f in tracked if f.endswith(".safetensors")], "models are DVC-cached, not in git"
