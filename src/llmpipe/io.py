@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_dir(final: str | Path) -> Iterator[Path]:
     """Yield a temporary folder beside `final`; on success it replaces `final` in one rename.
@@ -21,6 +27,7 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; give the folder the usual permissions
     try:
         yield tmp
     except BaseException:
@@ -39,6 +46,7 @@ def atomic_file(final: str | Path, mode: str = "w") -> Iterator[Any]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.tmp-", dir=final.parent)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
     try:
         with os.fdopen(fd, mode) as fh:
             yield fh

@@ -33,8 +33,8 @@ def run(params: Params) -> dict[str, float]:
     """Build every dataset from `params.data` and write it under ``paths.out(paths.data)``.
 
     Returns:
-        Numbers only (DVC metrics): ``python_version`` (major + minor / 100, e.g. 3.11), ``num_files``,
-        ``num_skipped_files``, ``content_hash_int`` (first 12 hex digits of the content sha256 as an int),
+        Numbers only (DVC metrics): ``python_major``, ``python_minor`` (the interpreter whose stdlib was
+        read), ``num_files``, ``num_skipped_files``, ``content_hash_int`` (first 12 hex digits of the content sha256 as an int),
         ``num_documents_<split>``, ``num_sft_<split>``, ``num_preference_<split>``,
         ``num_preference_<corruption>_train``, ``num_eval_<set>``, ``num_chars_train``.
 
@@ -129,7 +129,8 @@ def metrics(corpus: Corpus, evals: dict[str, list[dict[str, Any]]]) -> dict[str,
     """The numbers `run` returns (see there)."""
     v = sys.version_info
     out: dict[str, float] = {
-        "python_version": round(v.major + v.minor / 100, 2),
+        "python_major": v.major,
+        "python_minor": v.minor,
         "num_files": corpus.manifest["num_files"],
         "num_skipped_files": corpus.manifest["num_skipped_files"],
         "content_hash_int": int(corpus.manifest["content_sha256"][:12], 16),
