@@ -1,0 +1,147 @@
+"""Run lm-eval's `simple_evaluate` on a saved model directory and flatten its results.
+
+The model is loaded by lm-eval's own `HFLM` from the directory path, exactly as
+``lm_eval --model hf --model_args pretrained=models/<name>`` would load it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from llmpipe.config import EvalParams
+from llmpipe.errors import UserError
+from llmpipe.evaluation.tasks import LOCAL_TASKS
+
+log = logging.getLogger(__name__)
+
+SEED = 1234
+"""Seed of Python, NumPy and torch inside lm-eval (and of few-shot sampling for standard tasks)."""
+
+BOOTSTRAP_ITERS = 1000
+"""Bootstrap resamples for the stderr of metrics without a closed form (lm-eval's default is 100,000)."""
+
+
+def check_llmpipe_names(names: Sequence[str]) -> None:
+    """Refuse an ``llmpipe_*`` name that is not one of our tasks (a typo; lm-eval would not know it either).
+
+    Raises:
+        UserError: Names the key ``eval.tasks``, the unknown name and the llmpipe tasks.
+    """
+    bad = [n for n in names if n.startswith("llmpipe_") and n not in LOCAL_TASKS]
+    if bad:
+        raise UserError(f"eval.tasks: unknown llmpipe task(s) {', '.join(bad)}; llmpipe tasks are "
+                        f"{', '.join(LOCAL_TASKS)}")
+
+
+def task_manager(names: Sequence[str], include_path: str | Path):
+    """An lm-eval `TaskManager` that knows the rendered tasks in `include_path` and, only when `names`
+    asks for a task that is not ours, lm-eval's built-in tasks (indexing those takes about 8 s).
+
+    Raises:
+        UserError: A name is neither a rendered llmpipe task nor an lm-eval task; names the key ``eval.tasks``.
+    """
+    from lm_eval.tasks import TaskManager
+
+    standard = any(n not in LOCAL_TASKS for n in names)
+    with quiet_lm_eval():
+        manager = TaskManager(include_path=str(include_path), include_defaults=standard)
+    known = set(manager.all_tasks)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UserError(
+            f"eval.tasks: lm-eval knows no task {', '.join(unknown)}; use llmpipe tasks ({', '.join(LOCAL_TASKS)}) "
+            "or lm-eval task names (`lm_eval ls tasks`; offline, their datasets must already be in the HF cache)"
+        )
+    return manager
+
+
+@contextlib.contextmanager
+def quiet_lm_eval() -> Iterator[None]:
+    """Show only lm-eval's warnings and errors while the block runs (it logs every step at INFO)."""
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def context_length(model_dir: Path, requested: int) -> int:
+    """`requested` tokens, capped at the model's ``max_position_embeddings`` (RoPE beyond it is untrained)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    limit = config.get("max_position_embeddings") or requested
+    if requested > limit:
+        log.warning("eval.max_length %d exceeds %s's max_position_embeddings %d; scoring with %d",
+                    requested, model_dir, limit, limit)
+    return min(requested, limit)
+
+
+def evaluate(model_dir: str | Path, names: Sequence[str], manager, cfg: EvalParams) -> dict[str, float]:
+    """Evaluate the model in `model_dir` on the tasks `names` with lm-eval.
+
+    Args:
+        model_dir: A Hugging Face model directory (weights, config, tokenizer).
+        names: Task names `manager` knows.
+        manager: From :func:`task_manager`.
+        cfg: ``eval`` params: `limit` documents per task, `batch_size`, `max_length` in tokens.
+
+    Returns:
+        ``{"<task>.<metric>": value}``, with ``<task>.<metric>_stderr`` where lm-eval computes one and
+        ``<task>.num_docs`` (documents scored). See :func:`flatten`.
+    """
+    import torch
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    model_dir = Path(model_dir)
+    with quiet_lm_eval():
+        lm = HFLM(
+            pretrained=str(model_dir),
+            tokenizer=str(model_dir),
+            batch_size=cfg.batch_size,
+            max_length=context_length(model_dir, cfg.max_length),
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            dtype="float32",
+        )
+        results = simple_evaluate(
+            model=lm,
+            tasks=list(names),
+            limit=cfg.limit,
+            task_manager=manager,
+            log_samples=False,
+            bootstrap_iters=BOOTSTRAP_ITERS,
+            random_seed=SEED,
+            numpy_random_seed=SEED,
+            torch_random_seed=SEED,
+            fewshot_random_seed=SEED,
+        )
+    return flatten(results)
+
+
+def flatten(results: dict[str, Any]) -> dict[str, float]:
+    """lm-eval's nested results → ``{"<task>.<metric>": float}``.
+
+    lm-eval keys metrics ``"<metric>,<filter>"``; the filter is dropped when it is ``none`` (every
+    loglikelihood task) and kept as ``<metric>.<filter>`` otherwise. Non-numeric entries (aliases, ``"N/A"``
+    stderrs) and non-finite stderrs are left out.
+    """
+    out: dict[str, float] = {}
+    for task, metrics in results["results"].items():
+        for key, value in metrics.items():
+            metric, _, filter_name = key.partition(",")
+            if not filter_name or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if metric.endswith("_stderr") and not math.isfinite(value):
+                continue
+            out[f"{task}.{metric if filter_name == 'none' else f'{metric}.{filter_name}'}"] = float(value)
+        samples = results.get("n-samples", {}).get(task)
+        if samples:
+            out[f"{task}.num_docs"] = float(samples["effective"])
+    return out

@@ -1,0 +1,288 @@
+"""llmpipe's own lm-eval tasks, rendered at evaluation time from ``<paths.data>/eval/`` for one model.
+
+Each task's documents are rendered with the evaluated model's own tokenizer (its chat template and eos token)
+into a work folder, next to a task YAML that points at them by absolute path (lm-eval resolves a relative
+``data_files`` path against the current directory, not the YAML's folder). `lm_eval --include_path <folder>`
+then runs them like any built-in task.
+
+Scoring follows lm-eval's request types (Gao et al., "A framework for few-shot language model evaluation"):
+``loglikelihood_rolling`` for perplexity, ``loglikelihood`` (context, continuation) for response loss and
+``multiple_choice`` (one loglikelihood per choice) for accuracy. lm-eval moves trailing whitespace of a
+context into its continuation before tokenising, so the newline that closes a rendered prompt is scored as
+the first character of the answer; every choice of a task gets the same newline, which keeps them comparable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llmpipe.errors import UserError
+from llmpipe.io import read_jsonl, write_jsonl
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric a task reports.
+
+    Attributes:
+        name: lm-eval metric name (the key in the results).
+        aggregation: lm-eval aggregation over documents (`mean`, `bits_per_byte`, `weighted_perplexity`).
+        higher_is_better: Direction of improvement.
+    """
+
+    name: str
+    aggregation: str
+    higher_is_better: bool
+
+
+@dataclass(frozen=True)
+class LocalTask:
+    """An llmpipe task: where its data comes from, how a row becomes an lm-eval document, what it reports.
+
+    Attributes:
+        name: Task name (as in ``eval.tasks``).
+        source: File name under ``<paths.data>/eval/``.
+        output_type: lm-eval output type.
+        measures: One sentence for the report: what a better score means.
+        metrics: Reported metrics.
+        render: ``(row, tokenizer) -> document``; the document has the fields the YAML names.
+        fields: YAML keys mapping document fields to lm-eval (`doc_to_text`, `doc_to_target`, …).
+        process_results: Dotted name of a `process_results` hook, or None for lm-eval's own scoring.
+    """
+
+    name: str
+    source: str
+    output_type: str
+    measures: str
+    metrics: tuple[Metric, ...]
+    render: Callable[[Row, Any], Row]
+    fields: dict[str, str]
+    process_results: str | None = None
+
+
+def _eos(tokenizer) -> str:
+    return tokenizer.eos_token or ""
+
+
+def _chat_prompt(messages: list[dict[str, str]], tokenizer) -> str:
+    """The prompt turns in the model's chat format, ending where the assistant's answer starts."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def _content(messages: list[dict[str, str]]) -> str:
+    return "".join(m["content"] for m in messages)
+
+
+def _prompt_and_response(row: Row) -> tuple[list[dict[str, str]], str]:
+    """Split an SFT chat row into its prompt turns and the final assistant turn's text."""
+    *prompt, last = row["messages"]
+    if last["role"] != "assistant" or not prompt:
+        raise ValueError("the last message must be an assistant turn, after at least one prompt turn")
+    return prompt, last["content"]
+
+
+def render_perplexity(row: Row, tokenizer) -> Row:
+    """``{"text"}``: the document, scored whole (rolling windows of the context length)."""
+    return {"text": row["text"]}
+
+
+def render_signature_mc(row: Row, tokenizer) -> Row:
+    """``{"context", "choices": [def line × 4], "label"}``; the context is the docstring as Python source (in
+    triple quotes, then a newline)."""
+    return {"context": f'"""{row["query"]}"""\n', "choices": list(row["choices"]), "label": int(row["label"])}
+
+
+def _sft_document(context: str, continuation: str, response: str) -> Row:
+    return {"context": context, "continuation": continuation, "num_bytes": len(response.encode("utf-8"))}
+
+
+def render_sft_chat(row: Row, tokenizer) -> Row:
+    """``{"context": chat prompt, "continuation": response + eos, "num_bytes": UTF-8 bytes of the response}``."""
+    prompt, response = _prompt_and_response(row)
+    return _sft_document(_chat_prompt(prompt, tokenizer), response + _eos(tokenizer), response)
+
+
+def render_sft_plain(row: Row, tokenizer) -> Row:
+    """``{"context": prompt + "\\n", "continuation": response, "num_bytes"}``: no chat tokens, no eos."""
+    prompt, response = _prompt_and_response(row)
+    return _sft_document(_content(prompt) + "\n", response, response)
+
+
+def render_preference(row: Row, tokenizer) -> Row:
+    """``{"context": chat prompt, "choices": [chosen + eos, rejected + eos], "label": 0}``."""
+    eos = _eos(tokenizer)
+    return {
+        "context": _chat_prompt(row["prompt"], tokenizer),
+        "choices": [_content(row["chosen"]) + eos, _content(row["rejected"]) + eos],
+        "label": 0,
+    }
+
+
+ACC = Metric("acc", "mean", True)
+ACC_NORM = Metric("acc_norm", "mean", True)
+BITS_PER_BYTE = Metric("bits_per_byte", "bits_per_byte", False)
+MC_FIELDS = {"doc_to_text": "context", "doc_to_choice": "choices", "doc_to_target": "label"}
+LOGLIK_FIELDS = {"doc_to_text": "context", "doc_to_target": "continuation"}
+RESPONSE_HOOK = "llmpipe.evaluation.hooks.response_bits_per_byte"
+
+LOCAL_TASKS: dict[str, LocalTask] = {
+    t.name: t
+    for t in (
+        LocalTask(
+            "llmpipe_perplexity",
+            "perplexity.jsonl",
+            "loglikelihood_rolling",
+            "How well the model predicts held-out module sources, whole (bits per UTF-8 byte, and perplexity "
+            "per byte and per whitespace-separated word).",
+            (
+                BITS_PER_BYTE,
+                Metric("byte_perplexity", "weighted_perplexity", False),
+                Metric("word_perplexity", "weighted_perplexity", False),
+            ),
+            render_perplexity,
+            {"doc_to_text": "", "doc_to_target": "text"},
+        ),
+        LocalTask(
+            "llmpipe_signature_mc",
+            "signature_mc.jsonl",
+            "multiple_choice",
+            "Given a held-out function's docstring, does the model find its `def` line among four (chance 0.25)? "
+            "acc: summed loglikelihood; acc_norm: per character.",
+            (ACC, ACC_NORM),
+            render_signature_mc,
+            MC_FIELDS,
+        ),
+        LocalTask(
+            "llmpipe_sft_chat",
+            "sft.jsonl",
+            "loglikelihood",
+            "Loss on held-out function bodies given signature + docstring in the chat format (bits per UTF-8 byte "
+            "of the body, the eos that ends the turn included); acc: fraction of answers the model would produce "
+            "greedily, token for token.",
+            (BITS_PER_BYTE, ACC),
+            render_sft_chat,
+            LOGLIK_FIELDS,
+            RESPONSE_HOOK,
+        ),
+        LocalTask(
+            "llmpipe_sft_plain",
+            "sft.jsonl",
+            "loglikelihood",
+            "The same pairs as llmpipe_sft_chat as plain text (prompt, newline, body; no chat tokens, no eos): "
+            "what the chat format adds or costs.",
+            (BITS_PER_BYTE, ACC),
+            render_sft_plain,
+            LOGLIK_FIELDS,
+            RESPONSE_HOOK,
+        ),
+        LocalTask(
+            "llmpipe_preference",
+            "preference.jsonl",
+            "multiple_choice",
+            "Does the model give the real body (chosen) a higher likelihood than a corrupted one (rejected), after "
+            "the chat prompt? acc: summed loglikelihood (the comparison DPO optimises); acc_norm: per character.",
+            (ACC, ACC_NORM),
+            render_preference,
+            MC_FIELDS,
+        ),
+    )
+}
+"""llmpipe's tasks by name; any other name in ``eval.tasks`` is a standard lm-eval task."""
+
+
+def task_config(task: LocalTask, data_file: Path, cache_dir: Path) -> str:
+    """The lm-eval task YAML of `task`, reading the rendered `data_file`.
+
+    Args:
+        task: The task.
+        data_file: Rendered documents (jsonl); written into the YAML as an absolute path.
+        cache_dir: Where `datasets` keeps its Arrow cache of that file (absolute).
+
+    Returns:
+        YAML text; ``process_results`` is a ``!function`` reference lm-eval imports by dotted name.
+    """
+    config: dict[str, Any] = {
+        "task": task.name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data_file.resolve())}, "cache_dir": str(cache_dir.resolve())},
+        "test_split": "test",
+        "output_type": task.output_type,
+        **task.fields,
+        "target_delimiter": "",
+        "metric_list": [
+            {"metric": m.name, "aggregation": m.aggregation, "higher_is_better": m.higher_is_better}
+            for m in task.metrics
+        ],
+        "metadata": {"version": 1.0},
+    }
+    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+    if task.process_results:
+        text += f"process_results: !function {task.process_results}\n"
+    return text
+
+
+def render_documents(task: LocalTask, rows: Iterable[Row], tokenizer, source: Path) -> list[Row]:
+    """Render every row of `source` into an lm-eval document of `task`.
+
+    Raises:
+        UserError: A row does not have the shape `prepare` writes (names the file and row).
+    """
+    docs = []
+    for i, row in enumerate(rows, 1):
+        try:
+            docs.append(task.render(row, tokenizer))
+        except (KeyError, IndexError, TypeError, ValueError) as err:
+            raise UserError(
+                f"{source}: row {i} does not fit task {task.name} ({type(err).__name__}: {err}); "
+                "rebuild the evaluation sets with the prepare stage (dvc repro prepare)"
+            ) from None
+    return docs
+
+
+def render_tasks(names: Iterable[str], eval_dir: str | Path, tokenizer, work_dir: str | Path) -> dict[str, int]:
+    """Write ``<task>.jsonl`` and ``<task>.yaml`` into `work_dir` for each llmpipe task in `names`.
+
+    A task whose source file is empty gets no files (lm-eval cannot load an empty dataset); its count is 0.
+    Names that are not llmpipe tasks are ignored (they are standard lm-eval tasks).
+
+    Args:
+        names: Task names (``eval.tasks``).
+        eval_dir: ``<paths.data>/eval``, as written by the prepare stage.
+        tokenizer: The evaluated model's tokenizer (chat template, eos token).
+        work_dir: Folder to write into; pass it to lm-eval as ``include_path``.
+
+    Returns:
+        Number of documents rendered per llmpipe task.
+
+    Raises:
+        UserError: A source file is missing or malformed.
+    """
+    eval_dir, work_dir = Path(eval_dir), Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for name in dict.fromkeys(names):
+        task = LOCAL_TASKS.get(name)
+        if task is None:
+            continue
+        source = eval_dir / task.source
+        if not source.exists():
+            raise UserError(f"{source}: missing (needed by eval.tasks entry {name}); run the prepare stage first "
+                            "(dvc repro prepare)")
+        try:
+            rows = read_jsonl(source)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        docs = render_documents(task, rows, tokenizer, source)
+        counts[name] = len(docs)
+        if docs:
+            data_file = work_dir / f"{name}.jsonl"
+            write_jsonl(data_file, docs)
+            (work_dir / f"{name}.yaml").write_text(task_config(task, data_file, work_dir / "hf_cache"))
+    return counts

@@ -1,0 +1,198 @@
+"""`report` stage: ``<paths.reports>/report.md``, the pipeline's report card.
+
+Reads ``<paths.metrics>/eval/<model>.json`` for every model in ``eval.models`` and, where present,
+``<paths.metrics>/<stage>.json`` of the earlier stages; writes one markdown file (atomically): every model ×
+metric, what each task measures, the three checks (:mod:`llmpipe.evaluation.checks`), the training metrics
+and every stage's wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from llmpipe.config import Params
+from llmpipe.errors import UserError
+from llmpipe.evaluation.checks import Check, Metrics, run_checks
+from llmpipe.evaluation.tasks import LOCAL_TASKS
+from llmpipe.io import atomic_file
+
+STAGES = ("prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo")
+"""Stages whose ``metrics/<stage>.json`` the report reads (missing files are skipped)."""
+
+TRAINING_COLUMNS = ("train_loss", "eval_loss", "steps", "tokens_per_s", "num_parameters")
+"""Columns of the training table (keys of a training stage's metrics)."""
+
+MARKS = {True: "✓", False: "✗", None: "–"}
+
+
+def read_metrics(path: Path) -> dict[str, Any] | None:
+    """A metrics JSON, or None when the file does not exist.
+
+    Raises:
+        UserError: The file is not a JSON object.
+    """
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(
+            f"{path}: not valid JSON ({err.msg}, line {err.lineno}); rerun the stage that writes it"
+        ) from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object of metrics; rerun the stage that writes it") from None
+    return data
+
+
+def eval_metrics(params: Params) -> Metrics:
+    """``{model: metrics}`` for every model in ``eval.models``, in that order.
+
+    Raises:
+        UserError: A model has not been evaluated yet (names the DVC stage to run).
+    """
+    evals = {}
+    for model in params.eval.models:
+        path = Path(params.paths.metrics, "eval", f"{model}.json")
+        data = read_metrics(path)
+        if data is None:
+            raise UserError(f"{path}: missing; evaluate {model} first (dvc repro evaluate@{model})")
+        evals[model] = data
+    return evals
+
+
+def columns(tasks: list[str], evals: Metrics) -> list[str]:
+    """Metric keys shown in the main table: task by task in ``eval.tasks`` order; for an llmpipe task its declared
+    metrics, for a standard lm-eval task every metric found (no stderrs, no document counts)."""
+    found = {key for metrics in evals.values() for key in metrics}
+    cols = []
+    for task in tasks:
+        if task in LOCAL_TASKS:
+            names = [f"{task}.{m.name}" for m in LOCAL_TASKS[task].metrics]
+        else:
+            names = sorted(k for k in found if k.startswith(f"{task}.") and not k.endswith(("_stderr", ".num_docs")))
+        cols += [name for name in names if name in found]
+    return cols
+
+
+def fmt(value: Any) -> str:
+    """A number for a table: whole numbers as integers, 100 ≤ |x| < 1e6 with one decimal, else 4 significant
+    digits; anything else as text; missing as –."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or (math.isfinite(value) and value == int(value) and abs(value) < 1e9):
+        return str(int(value))
+    if 100 <= abs(value) < 1e6:
+        return f"{value:.1f}"
+    return f"{value:.4g}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Markdown table lines."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _arrow(key: str) -> str:
+    task, _, metric = key.partition(".")
+    for m in LOCAL_TASKS[task].metrics if task in LOCAL_TASKS else ():
+        if m.name == metric:
+            return " ↑" if m.higher_is_better else " ↓"
+    return ""
+
+
+def results_section(evals: Metrics, cols: list[str]) -> list[str]:
+    header = ["model", *(f"{c}{_arrow(c)}" for c in cols)]
+    rows = [[model, *(fmt(metrics.get(c)) for c in cols)] for model, metrics in evals.items()]
+    return ["## Results", "", "↑: higher is better, ↓: lower is better.", "", *table(header, rows), ""]
+
+
+def tasks_section(tasks: list[str], evals: Metrics) -> list[str]:
+    lines = ["## Tasks", ""]
+    for task in tasks:
+        counts = [m[f"{task}.num_docs"] for m in evals.values() if f"{task}.num_docs" in m]
+        docs = f", {fmt(max(counts))} documents" if counts else ""
+        local = LOCAL_TASKS.get(task)
+        if local is None:
+            lines.append(f"- **{task}** (standard lm-eval task{docs}).")
+            continue
+        metrics = ", ".join(f"{m.name} {'↑' if m.higher_is_better else '↓'}" for m in local.metrics)
+        lines.append(f"- **{task}** ({metrics}{docs}): {local.measures}")
+        if counts and max(counts) == 0:
+            lines.append("  *Skipped: its evaluation set is empty (this data source has none); no numbers.*")
+    return [*lines, ""]
+
+
+def checks_section(checks: list[Check]) -> list[str]:
+    lines = ["## Checks", ""]
+    for check in checks:
+        lines.append(f"- {MARKS[check.passed]} {check.claim}: {check.detail}")
+    return [*lines, ""]
+
+
+def training_section(stage_metrics: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [[stage, *(fmt(m.get(c)) for c in TRAINING_COLUMNS)]
+            for stage, m in stage_metrics.items() if any(c in m for c in TRAINING_COLUMNS[:4])]
+    if not rows:
+        return []
+    return ["## Training", "", *table(["stage", *TRAINING_COLUMNS], rows), ""]
+
+
+def wall_time_section(stage_metrics: dict[str, dict[str, Any]], evals: Metrics) -> list[str]:
+    times = {stage: m["wall_time_s"] for stage, m in stage_metrics.items() if "wall_time_s" in m}
+    times |= {f"evaluate@{model}": m["wall_time_s"] for model, m in evals.items() if "wall_time_s" in m}
+    if not times:
+        return []
+    rows = [[name, f"{t:.1f}"] for name, t in times.items()] + [["**total**", f"**{sum(times.values()):.1f}**"]]
+    return ["## Wall time", "", *table(["stage", "wall time (s)"], rows), ""]
+
+
+def render(params: Params, evals: Metrics, stage_metrics: dict[str, dict[str, Any]], checks: list[Check]) -> str:
+    """The report's markdown."""
+    tasks = list(dict.fromkeys(params.eval.tasks))
+    lines = [
+        "# llmpipe report",
+        "",
+        f"Models ({', '.join(evals)}) evaluated with lm-evaluation-harness on held-out modules, at most "
+        f"{params.eval.limit or 'all'} documents per task. Numbers from `{params.paths.metrics}/`; "
+        "rebuild with `dvc repro report`.",
+        "",
+        *checks_section(checks),
+        *results_section(evals, columns(tasks, evals)),
+        *tasks_section(tasks, evals),
+        *training_section(stage_metrics),
+        *wall_time_section(stage_metrics, evals),
+    ]
+    return "\n".join(lines)
+
+
+def run(params: Params) -> dict[str, float]:
+    """Write ``<paths.reports>/report.md`` (under ``paths.output_root``).
+
+    Returns:
+        The checks' numbers (``check_pretrain_bpb_ratio``, ``check_sft_chat_bpb_delta``,
+        ``check_dpo_preference_acc_delta``; a skipped check is absent), ``num_checks`` (run) and
+        ``num_checks_passed``.
+
+    Raises:
+        UserError: A model in ``eval.models`` has no evaluation metrics, or a metrics file is malformed.
+    """
+    evals = eval_metrics(params)
+    stage_metrics = {}
+    for stage in STAGES:
+        data = read_metrics(Path(params.paths.metrics, f"{stage}.json"))
+        if data is not None:
+            stage_metrics[stage] = data
+    checks = run_checks(evals)
+    with atomic_file(params.paths.out(params.paths.reports, "report.md")) as fh:
+        fh.write(render(params, evals, stage_metrics, checks) + "\n")
+    done = [c for c in checks if c.passed is not None]
+    return {
+        **{c.metric: round(c.value, 6) for c in done},
+        "num_checks": len(done),
+        "num_checks_passed": sum(c.passed for c in done),
+    }

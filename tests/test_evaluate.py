@@ -1,0 +1,309 @@
+"""The `evaluate` and `report` stages: llmpipe's lm-eval tasks on a real tiny model, and the report card.
+
+Everything is real and offline: a BPE trained here on a few stdlib modules, a randomly initialised 2-layer
+Llama saved as a Hugging Face directory, evaluation sets in the shapes `prepare` writes, and lm-eval itself
+(in process through the stage, and as the `lm_eval` command for the slow test).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from llmpipe import cli
+from llmpipe.config import ModelParams, parse_params
+from llmpipe.errors import UserError
+from llmpipe.evaluation.harness import flatten
+from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks
+from llmpipe.io import write_jsonl
+from llmpipe.modeling import build_model, load_tokenizer, save_model
+from llmpipe.stages import evaluate, report
+from llmpipe.stages.tokenizer import train_bpe
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+TINY_MODEL = ModelParams(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         intermediate_size=64, max_position_embeddings=256)
+EVAL = {"models": ["tiny"], "limit": 3, "batch_size": 4, "max_length": 128}
+EXPECTED_KEYS = {
+    "llmpipe_perplexity.bits_per_byte", "llmpipe_perplexity.byte_perplexity", "llmpipe_perplexity.word_perplexity",
+    "llmpipe_signature_mc.acc", "llmpipe_signature_mc.acc_norm",
+    "llmpipe_sft_chat.bits_per_byte", "llmpipe_sft_chat.acc",
+    "llmpipe_sft_plain.bits_per_byte", "llmpipe_sft_plain.acc",
+    "llmpipe_preference.acc", "llmpipe_preference.acc_norm",
+}  # fmt: skip
+
+FUNCTIONS = [
+    ("def add(a, b):", "Return the sum of a and b.", "    total = a + b\n    return total"),
+    ("def greet(name):", "Say hello to name.", "    message = 'hello ' + name\n    print(message)"),
+    ("def is_even(n):", "True when n is even.", "    if n % 2:\n        return False\n    return True"),
+    ("def first(items):", "The first item, or None.", "    for item in items:\n        return item\n    return None"),
+]
+
+
+def stdlib_text(*modules: str) -> list[str]:
+    """Sources of a few stdlib modules (real code and English, like the default corpus)."""
+    import importlib
+
+    return [Path(importlib.import_module(m).__file__).read_text() for m in modules]
+
+
+def write_eval_sets(eval_dir: Path, signature_mc: bool = True) -> None:
+    """The four sets `prepare` writes under ``<paths.data>/eval/``, four rows each (signature_mc optional)."""
+    docs = stdlib_text("textwrap", "string", "json.decoder", "shlex")
+    write_jsonl(eval_dir / "perplexity.jsonl", [{"text": d[:1500]} for d in docs])
+    sft, pref, mc = [], [], []
+    for i, (sig, doc, body) in enumerate(FUNCTIONS):
+        prompt = f'{sig}\n    """{doc}"""'
+        other = FUNCTIONS[(i + 1) % len(FUNCTIONS)][2]
+        sft.append({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": body}],
+                    "name": sig[4:].split("(")[0], "source": "tiny.py"})
+        pref.append({"prompt": [{"role": "user", "content": prompt}],
+                     "chosen": [{"role": "assistant", "content": body}],
+                     "rejected": [{"role": "assistant", "content": other}], "corruption": "swap"})
+        mc.append({"query": doc, "choices": [f[0] for f in FUNCTIONS], "label": i, "name": sig})
+    write_jsonl(eval_dir / "sft.jsonl", sft)
+    write_jsonl(eval_dir / "preference.jsonl", pref)
+    write_jsonl(eval_dir / "signature_mc.jsonl", mc if signature_mc else [])
+
+
+def make_params(root: Path, **eval_overrides: Any):
+    raw = {
+        "paths": {name: str(root / name) for name in ("data", "models", "metrics", "reports")},
+        "eval": {**EVAL, **eval_overrides},
+    }
+    return raw, parse_params(raw)
+
+
+@pytest.fixture(scope="module")
+def tiny_root(tmp_path_factory) -> Path:
+    """A root with ``models/tiny`` (tokenizer trained here, random 2-layer Llama) and ``data/eval``."""
+    root = tmp_path_factory.mktemp("eval")
+    tok = train_bpe(iter(stdlib_text("textwrap", "string", "argparse")), vocab_size=512, min_frequency=2,
+                    model_max_length=256)
+    save_model(build_model(TINY_MODEL, tok, seed=0), tok, root / "models" / "tiny")
+    write_eval_sets(root / "data" / "eval")
+    return root
+
+
+@pytest.fixture(scope="module")
+def cli_metrics(tiny_root) -> dict[str, float]:
+    """`llm-train --task evaluate --model tiny`, in process; returns what it wrote to metrics/eval/tiny.json."""
+    raw, _ = make_params(tiny_root)
+    config = tiny_root / "params.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    assert cli.main(["--task", "evaluate", "--model", "tiny", "--config-path", str(config)]) == 0
+    return json.loads((tiny_root / "metrics" / "eval" / "tiny.json").read_text())
+
+
+# --- evaluate ----------------------------------------------------------------------------------------------
+
+
+def test_evaluate_reports_every_metric_finite(cli_metrics):
+    assert EXPECTED_KEYS <= set(cli_metrics)
+    assert all(math.isfinite(v) for v in cli_metrics.values())
+    for key in EXPECTED_KEYS:
+        if key.endswith("bits_per_byte"):
+            assert cli_metrics[key] > 0, key
+        if key.endswith(("acc", "acc_norm")):
+            assert 0 <= cli_metrics[key] <= 1, key
+    # eval.limit caps every task (each set has 4 rows), and the CLI adds the wall time.
+    assert {cli_metrics[f"{t}.num_docs"] for t in LOCAL_TASKS} == {3}
+    assert cli_metrics["wall_time_s"] > 0
+    # Byte perplexity and bits per byte are one number in two units.
+    assert cli_metrics["llmpipe_perplexity.byte_perplexity"] == pytest.approx(
+        2 ** cli_metrics["llmpipe_perplexity.bits_per_byte"], rel=1e-6)
+
+
+def test_rendered_tasks_use_absolute_paths_and_the_models_chat_format(tiny_root, tmp_path, monkeypatch):
+    tok = load_tokenizer(tiny_root / "models" / "tiny")
+    monkeypatch.chdir(tmp_path)  # relative inputs, to prove the YAMLs do not depend on the cwd
+    counts = render_tasks(list(LOCAL_TASKS), os.path.relpath(tiny_root / "data" / "eval"), tok, "work")
+    assert counts == {name: 4 for name in LOCAL_TASKS}
+    for name in LOCAL_TASKS:
+        text = (tmp_path / "work" / f"{name}.yaml").read_text()
+        config = yaml.load(text, Loader=_IgnoreTags)
+        data_file = Path(config["dataset_kwargs"]["data_files"]["test"])
+        assert data_file.is_absolute() and data_file.exists(), name
+        assert Path(config["dataset_kwargs"]["cache_dir"]).is_absolute()
+        assert config["task"] == name and config["target_delimiter"] == ""
+
+    def rows(name):
+        return [json.loads(line) for line in (tmp_path / "work" / f"{name}.jsonl").read_text().splitlines()]
+
+    user = [{"role": "user", "content": f'{FUNCTIONS[0][0]}\n    """{FUNCTIONS[0][1]}"""'}]
+    chat_prompt = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+    chat, plain, pref = rows("llmpipe_sft_chat")[0], rows("llmpipe_sft_plain")[0], rows("llmpipe_preference")[0]
+    assert chat["context"] == chat_prompt and chat_prompt.startswith(tok.bos_token)
+    assert chat["continuation"] == FUNCTIONS[0][2] + tok.eos_token
+    assert plain == {"context": user[0]["content"] + "\n", "continuation": FUNCTIONS[0][2],
+                     "num_bytes": len(FUNCTIONS[0][2].encode())}
+    assert pref["context"] == chat_prompt and pref["label"] == 0
+    assert pref["choices"] == [FUNCTIONS[0][2] + tok.eos_token, FUNCTIONS[1][2] + tok.eos_token]
+    assert rows("llmpipe_signature_mc")[1]["context"] == f'"""{FUNCTIONS[1][1]}"""\n'
+
+
+class _IgnoreTags(yaml.SafeLoader):
+    """Reads a task YAML without importing its ``!function`` hooks."""
+
+
+_IgnoreTags.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+
+
+def test_empty_signature_mc_is_skipped_and_said(tmp_path):
+    write_eval_sets(tmp_path / "data" / "eval", signature_mc=False)
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    _, params = make_params(tmp_path, tasks=["llmpipe_signature_mc"])
+    # No task left to run: lm-eval and the model are never loaded, so the config alone suffices.
+    (tmp_path / "models" / "tiny" / "config.json").write_text("{}")
+    tok = train_bpe(iter(stdlib_text("string")), vocab_size=300, min_frequency=2, model_max_length=64)
+    tok.save_pretrained(tmp_path / "models" / "tiny")
+    assert evaluate.run(params, model="tiny") == {"llmpipe_signature_mc.num_docs": 0}
+    assert render_tasks(["llmpipe_signature_mc"], tmp_path / "data" / "eval", tok, tmp_path / "w") == {
+        "llmpipe_signature_mc": 0}
+    assert not list((tmp_path / "w").iterdir())
+
+
+@pytest.mark.parametrize("bad", ["llmpipe_perplexty", "no_such_task_anywhere"])
+def test_unknown_task_is_a_user_error_naming_eval_tasks(tiny_root, bad):
+    _, params = make_params(tiny_root, tasks=["llmpipe_perplexity", bad])
+    with pytest.raises(UserError, match=rf"eval\.tasks.*{bad}"):
+        evaluate.run(params, model="tiny")
+
+
+def test_model_must_be_listed_and_present(tiny_root, tmp_path):
+    _, params = make_params(tiny_root)
+    with pytest.raises(UserError, match=r"not in eval\.models \(tiny\)"):
+        evaluate.run(params, model="sft")
+    _, params = make_params(tmp_path)
+    with pytest.raises(UserError, match=r"dvc repro tiny"):
+        evaluate.run(params, model="tiny")
+
+
+def test_missing_eval_set_names_prepare(tiny_root, tmp_path):
+    raw, _ = make_params(tiny_root)
+    raw["paths"]["data"] = str(tmp_path / "nodata")
+    with pytest.raises(UserError, match=r"perplexity\.jsonl: missing.*dvc repro prepare"):
+        evaluate.run(parse_params(raw), model="tiny")
+
+
+def test_flatten_names_filters_and_drops_text():
+    results = {
+        "results": {
+            "gsm8k": {"alias": "gsm8k", "exact_match,strict-match": 0.5, "exact_match_stderr,strict-match": 0.1},
+            "llmpipe_sft_chat": {"bits_per_byte,none": 1.5, "bits_per_byte_stderr,none": "N/A",
+                                 "acc,none": 0.25, "acc_stderr,none": float("nan")},
+        },
+        "n-samples": {"gsm8k": {"original": 10, "effective": 4}},
+    }
+    assert flatten(results) == {
+        "gsm8k.exact_match.strict-match": 0.5, "gsm8k.exact_match_stderr.strict-match": 0.1, "gsm8k.num_docs": 4,
+        "llmpipe_sft_chat.bits_per_byte": 1.5, "llmpipe_sft_chat.acc": 0.25,
+    }
+
+
+@pytest.mark.slow
+def test_lm_eval_command_runs_our_tasks_on_a_saved_model(tiny_root, tmp_path):
+    """The promise: `lm_eval --model hf --model_args pretrained=models/<name>` works on our model directories,
+    with our rendered tasks (including a `process_results` hook imported in the new process)."""
+    work = tmp_path / "tasks"
+    render_tasks(list(LOCAL_TASKS), tiny_root / "data" / "eval", load_tokenizer(tiny_root / "models" / "tiny"), work)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+           f"pretrained={tiny_root / 'models' / 'tiny'}", "--tasks", "llmpipe_perplexity,llmpipe_sft_chat",
+           "--include_path", str(work), "--limit", "2", "--device", "cpu", "--output_path", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result_file,) = (tmp_path / "out").rglob("results_*.json")
+    results = json.loads(result_file.read_text())["results"]
+    assert results["llmpipe_perplexity"]["bits_per_byte,none"] > 0
+    assert results["llmpipe_sft_chat"]["bits_per_byte,none"] > 0
+
+
+# --- report ------------------------------------------------------------------------------------------------
+
+
+def write_metrics(root: Path, evals: dict[str, dict[str, float]]) -> None:
+    metrics = root / "metrics"
+    (metrics / "eval").mkdir(parents=True)
+    for model, values in evals.items():
+        (metrics / "eval" / f"{model}.json").write_text(json.dumps(values))
+    (metrics / "prepare.json").write_text(json.dumps({"num_files": 700, "wall_time_s": 5.5}))
+    (metrics / "pretrain.json").write_text(json.dumps(
+        {"train_loss": 2.5, "eval_loss": 2.25, "steps": 600, "tokens_per_s": 11234.5, "wall_time_s": 321.0}))
+
+
+def model_metrics(bpb: float, chat: float, plain: float, pref: float, wall: float) -> dict[str, float]:
+    return {"llmpipe_perplexity.bits_per_byte": bpb, "llmpipe_sft_chat.bits_per_byte": chat,
+            "llmpipe_sft_plain.bits_per_byte": plain, "llmpipe_preference.acc": pref,
+            "llmpipe_preference.acc_stderr": 0.03, "llmpipe_sft_chat.num_docs": 200, "llmpipe_signature_mc.num_docs": 0,
+            "wall_time_s": wall}
+
+
+def test_report_passing(tmp_path):
+    write_metrics(tmp_path, {
+        "baseline": model_metrics(4.0, 4.0, 4.1, 0.30, 61.0),
+        "pretrain": model_metrics(2.0, 1.5, 1.6, 0.50, 62.0),
+        "sft": model_metrics(2.1, 1.0, 1.4, 0.55, 63.0),
+        "dpo": model_metrics(2.2, 1.1, 1.5, 0.70, 64.0),
+    })  # fmt: skip
+    _, params = make_params(tmp_path, models=["baseline", "pretrain", "sft", "dpo"])
+    metrics = report.run(params)
+    assert metrics == {"check_pretrain_bpb_ratio": 0.5, "check_sft_chat_bpb_delta": -0.5,
+                       "check_dpo_preference_acc_delta": pytest.approx(0.15), "num_checks": 3, "num_checks_passed": 3}
+    text = (tmp_path / "reports" / "report.md").read_text()
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| model |"))
+    assert "llmpipe_perplexity.bits_per_byte ↓" in header and "llmpipe_preference.acc ↑" in header
+    results = lines[lines.index("## Results"):lines.index("## Tasks")]
+    rows = [line.split(" | ")[0].strip("| ") for line in results[6:] if line.startswith("|")]
+    assert rows == ["baseline", "pretrain", "sft", "dpo"]  # eval.models order
+    assert "| baseline | 4 | 4 | 4.1 | 0.3 |" in text
+    checks = [line for line in lines if line.startswith("- ✓") or line.startswith("- ✗")]
+    assert len(checks) == 3 and all(line.startswith("- ✓") for line in checks)
+    assert "plain format: pretrain 1.6000 → sft 1.4000" in text
+    assert "| prepare | 5.5 |" in text and "| pretrain | 321.0 |" in text and "| evaluate@dpo | 64.0 |" in text
+    assert "| pretrain | 2.5 | 2.25 | 600 | 11234.5 | – |" in text  # training table
+    assert "llmpipe_signature_mc" in text and "Skipped: its evaluation set is empty" in text
+
+
+def test_report_failing_and_skipped(tmp_path):
+    write_metrics(tmp_path, {
+        "baseline": model_metrics(4.0, 4.0, 4.1, 0.30, 61.0),
+        "pretrain": model_metrics(3.2, 1.5, 1.6, 0.50, 62.0),
+        "sft": model_metrics(3.0, 1.6, 1.4, 0.55, 63.0),
+    })  # fmt: skip
+    _, params = make_params(tmp_path, models=["baseline", "pretrain", "sft"])
+    metrics = report.run(params)
+    assert metrics["check_pretrain_bpb_ratio"] == 0.8 and metrics["check_sft_chat_bpb_delta"] == pytest.approx(0.1)
+    assert "check_dpo_preference_acc_delta" not in metrics
+    assert (metrics["num_checks"], metrics["num_checks_passed"]) == (2, 0)
+    lines = (tmp_path / "reports" / "report.md").read_text().splitlines()
+    assert sum(line.startswith("- ✗") for line in lines) == 2
+    assert any(line.startswith("- –") and "skipped: dpo not in eval.models" in line for line in lines)
+
+
+def test_report_needs_every_models_evaluation(tmp_path):
+    write_metrics(tmp_path, {"baseline": model_metrics(4.0, 4.0, 4.1, 0.3, 1.0)})
+    _, params = make_params(tmp_path, models=["baseline", "sft"])
+    with pytest.raises(UserError, match=r"sft\.json: missing; .*dvc repro evaluate@sft"):
+        report.run(params)
+    assert not (tmp_path / "reports").exists()
+
+
+def test_report_on_a_real_evaluation(tiny_root, cli_metrics):
+    """The report reads what the evaluate stage wrote (no checks apply to a lone model)."""
+    _, params = make_params(tiny_root)
+    assert report.run(params) == {"num_checks": 0, "num_checks_passed": 0}
+    text = (tiny_root / "reports" / "report.md").read_text()
+    assert f"| tiny | {report.fmt(cli_metrics['llmpipe_perplexity.bits_per_byte'])} |" in text
+    assert "| evaluate@tiny |" in text
+
