@@ -88,7 +88,7 @@ def tiny_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("eval")
     tok = train_bpe(iter(stdlib_text("textwrap", "string", "argparse")), vocab_size=512, min_frequency=2,
                     model_max_length=256)
-    save_model(build_model(TINY_MODEL, tok, seed=0), tok, root / "models" / "tiny")
+    save_model(build_model(TINY_MODEL, tok), tok, root / "models" / "tiny")
     write_eval_sets(root / "data" / "eval")
     return root
 
