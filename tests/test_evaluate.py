@@ -125,8 +125,8 @@ def test_evaluate_reports_every_metric_finite(cli_metrics):
 def test_rendered_tasks_use_absolute_paths_and_the_models_chat_format(tiny_root, tmp_path, monkeypatch):
     tok = load_tokenizer(tiny_root / "models" / "tiny")
     monkeypatch.chdir(tmp_path)  # relative inputs, to prove the YAMLs do not depend on the cwd
-    counts = render_tasks(list(LOCAL_TASKS), os.path.relpath(tiny_root / "data" / "eval"), tok, "work")
-    assert counts == {name: 4 for name in LOCAL_TASKS}
+    counts = render_tasks(list(LOCAL_TASKS), os.path.relpath(tiny_root / "data" / "eval"), tok, "work", 4096)
+    assert counts == {name: (4, 0) for name in LOCAL_TASKS}
     for name in LOCAL_TASKS:
         text = (tmp_path / "work" / f"{name}.yaml").read_text()
         config = yaml.load(text, Loader=_IgnoreTags)
@@ -165,10 +165,25 @@ def test_empty_signature_mc_is_skipped_and_said(tmp_path):
     (tmp_path / "models" / "tiny" / "config.json").write_text("{}")
     tok = train_bpe(iter(stdlib_text("string")), vocab_size=300, min_frequency=2, model_max_length=64)
     tok.save_pretrained(tmp_path / "models" / "tiny")
-    assert evaluate.run(params, model="tiny") == {"llmpipe_signature_mc.num_docs": 0}
-    assert render_tasks(["llmpipe_signature_mc"], tmp_path / "data" / "eval", tok, tmp_path / "w") == {
-        "llmpipe_signature_mc": 0}
+    assert evaluate.run(params, model="tiny") == {"llmpipe_signature_mc.num_docs": 0,
+                                                  "llmpipe_signature_mc.num_too_long": 0}
+    assert render_tasks(["llmpipe_signature_mc"], tmp_path / "data" / "eval", tok, tmp_path / "w", 64) == {
+        "llmpipe_signature_mc": (0, 0)}
     assert not list((tmp_path / "w").iterdir())
+
+
+def test_documents_longer_than_the_context_are_left_out_and_counted(tiny_root, tmp_path):
+    """lm-eval would cut the context from the left without a word; we leave such documents out and say so."""
+    tok = load_tokenizer(tiny_root / "models" / "tiny")
+    eval_dir = tiny_root / "data" / "eval"
+    lengths = []
+    for row in (eval_dir / "sft.jsonl").read_text().splitlines():
+        messages = json.loads(row)["messages"]
+        text = tok.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=False)
+        lengths.append(len(tok(text + messages[1]["content"] + tok.eos_token, add_special_tokens=False)["input_ids"]))
+    cut = sorted(lengths)[len(lengths) // 2]
+    kept, left_out = render_tasks(["llmpipe_sft_chat"], eval_dir, tok, tmp_path / "w", cut)["llmpipe_sft_chat"]
+    assert kept == sum(n <= cut for n in lengths) and left_out == sum(n > cut for n in lengths) > 0
 
 
 @pytest.mark.parametrize("bad", ["llmpipe_perplexty", "no_such_task_anywhere"])
@@ -214,7 +229,8 @@ def test_lm_eval_command_runs_our_tasks_on_a_saved_model(tiny_root, tmp_path):
     """The promise: `lm_eval --model hf --model_args pretrained=models/<name>` works on our model directories,
     with our rendered tasks (including a `process_results` hook imported in the new process)."""
     work = tmp_path / "tasks"
-    render_tasks(list(LOCAL_TASKS), tiny_root / "data" / "eval", load_tokenizer(tiny_root / "models" / "tiny"), work)
+    render_tasks(list(LOCAL_TASKS), tiny_root / "data" / "eval", load_tokenizer(tiny_root / "models" / "tiny"), work,
+                 4096)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",

@@ -246,10 +246,26 @@ def render_documents(task: LocalTask, rows: Iterable[Row], tokenizer, source: Pa
     return docs
 
 
-def render_tasks(names: Iterable[str], eval_dir: str | Path, tokenizer, work_dir: str | Path) -> dict[str, int]:
+def fits(doc: Row, task: LocalTask, tokenizer, max_length: int) -> bool:
+    """Whether context + every continuation of `doc` fits in `max_length` tokens.
+
+    lm-eval would otherwise cut the context from the left without a word (and fail on a continuation longer
+    than the window). Rolling-loglikelihood documents always fit: they are scored in windows.
+    """
+    if task.output_type == "loglikelihood_rolling":
+        return True
+    answers = doc["choices"] if task.output_type == "multiple_choice" else [doc["continuation"]]
+    n_context = len(tokenizer(doc["context"], add_special_tokens=False)["input_ids"])
+    return all(n_context + len(tokenizer(a, add_special_tokens=False)["input_ids"]) <= max_length for a in answers)
+
+
+def render_tasks(
+    names: Iterable[str], eval_dir: str | Path, tokenizer, work_dir: str | Path, max_length: int
+) -> dict[str, tuple[int, int]]:
     """Write ``<task>.jsonl`` and ``<task>.yaml`` into `work_dir` for each llmpipe task in `names`.
 
     A task whose source file is empty gets no files (lm-eval cannot load an empty dataset); its count is 0.
+    Documents longer than `max_length` tokens are left out and counted, never truncated silently.
     Names that are not llmpipe tasks are ignored (they are standard lm-eval tasks).
 
     Args:
@@ -257,9 +273,10 @@ def render_tasks(names: Iterable[str], eval_dir: str | Path, tokenizer, work_dir
         eval_dir: ``<paths.data>/eval``, as written by the prepare stage.
         tokenizer: The evaluated model's tokenizer (chat template, eos token).
         work_dir: Folder to write into; pass it to lm-eval as ``include_path``.
+        max_length: The evaluation context in tokens.
 
     Returns:
-        Number of documents rendered per llmpipe task.
+        ``(documents rendered, documents left out as too long)`` per llmpipe task.
 
     Raises:
         UserError: A source file is missing or malformed.
@@ -279,8 +296,9 @@ def render_tasks(names: Iterable[str], eval_dir: str | Path, tokenizer, work_dir
             rows = read_jsonl(source)
         except ValueError as err:
             raise UserError(str(err)) from None
-        docs = render_documents(task, rows, tokenizer, source)
-        counts[name] = len(docs)
+        rendered = render_documents(task, rows, tokenizer, source)
+        docs = [doc for doc in rendered if fits(doc, task, tokenizer, max_length)]
+        counts[name] = (len(docs), len(rendered) - len(docs))
         if docs:
             data_file = work_dir / f"{name}.jsonl"
             write_jsonl(data_file, docs)

@@ -56,12 +56,17 @@ def run(params: Params, model: str) -> dict[str, float]:
     harness.check_llmpipe_names(tasks)
     tokenizer = load_tokenizer(path)
     with tempfile.TemporaryDirectory(prefix=f"llmpipe-eval-{model}-") as work:
-        counts = render_tasks(tasks, Path(params.paths.data, "eval"), tokenizer, work)
-        skipped = [name for name, n in counts.items() if n == 0]
+        max_length = harness.context_length(path, params.eval.max_length)
+        counts = render_tasks(tasks, Path(params.paths.data, "eval"), tokenizer, work, max_length)
+        skipped = [name for name, (n, _) in counts.items() if n == 0]
         for name in skipped:
             log.warning("%s: its evaluation set is empty; skipped (num_docs 0)", name)
+        for name, (n, too_long) in counts.items():
+            if too_long:
+                log.warning("%s: %d documents longer than %d tokens left out (scored %d)", name, too_long, max_length, n)
         names = [name for name in tasks if name not in skipped]
         metrics = {f"{name}.num_docs": 0.0 for name in skipped}
+        metrics |= {f"{name}.num_too_long": float(too_long) for name, (_, too_long) in counts.items()}
         if names:
             manager = harness.task_manager(names, work)
             metrics |= harness.evaluate(path, names, manager, params.eval)
