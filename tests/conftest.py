@@ -19,7 +19,9 @@ model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_v
         intermediate_size: 128, max_position_embeddings: 256}
 train: {max_steps: 12, per_device_train_batch_size: 4, per_device_eval_batch_size: 8, logging_steps: 4,
         eval_steps: 6, save_steps: 6, max_eval_samples: 8, max_length: 128, warmup_steps: 2}
-dpo: {lr: 0.0001, beta: 0.1}
+pretrain: {max_steps: 12, per_device_train_batch_size: 4}
+sft: {max_steps: 12, per_device_train_batch_size: 4}
+dpo: {max_steps: 12, per_device_train_batch_size: 4, warmup_steps: 2, lr: 0.0001, beta: 0.1}
 eval: {limit: 8, batch_size: 8, max_length: 128}
 """
 

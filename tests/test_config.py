@@ -21,6 +21,11 @@ def test_shipped_params_validate():
     assert params.pretrain.weight_decay == 0.1
 
 
+def test_train_lr_sets_the_pretraining_lr_of_the_shipped_file():
+    """`dvc exp run -S train.lr=…` must change training, not be shadowed by a stage section."""
+    assert load_params(ROOT / "params.yaml", {"train.lr": 5e-4}).pretrain.lr == 5e-4
+
+
 def test_every_params_key_named_in_dvc_yaml_exists():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())

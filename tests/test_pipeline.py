@@ -112,7 +112,7 @@ def test_exp_run_lr_reruns_from_pretrain_with_fresh_checkpoints(repo, env):
     assert "resuming from" not in out, "another run's checkpoint was resumed"
     after = set((repo / "checkpoints" / "pretrain").iterdir())
     assert len(after - before) == 1, "the new lr trains in a new fingerprint folder"
-    assert "lr5e-4" in sh(repo, env, "dvc", "exp", "show", "--no-pager")
+    assert "lr5e-4" in sh(repo, env, "dvc", "exp", "show", "--csv", "--no-pager")
 
 
 def test_exp_run_beta_reruns_only_dpo_and_after(repo, env):
