@@ -103,7 +103,12 @@ def _run(args: argparse.Namespace) -> int:
         root = args.output_dir or str(Path("runs", f"{task}-{time.strftime('%Y%m%d-%H%M%S')}"))
         overrides["paths.output_root"] = root
         log.info("hand run with overrides %s: writing under %s", overrides, root)
-    params = load_params(args.config_path, overrides)
+    try:
+        params = load_params(args.config_path, overrides)
+    except UserError as err:
+        if not overrides:
+            raise
+        raise UserError(f"{err}\n  (these values came from the command line: {overrides})") from None
     kwargs: dict[str, Any] = {}
     if task == "evaluate":
         if not args.model:
