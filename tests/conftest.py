@@ -1,11 +1,15 @@
-"""Shared fixtures: the repository root, and tiny params for real end-to-end runs."""
+"""Shared fixtures: the repository root, tiny params, and a real git + DVC repo of this project for end-to-end runs."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +29,11 @@ dpo: {max_steps: 12, per_device_train_batch_size: 4, warmup_steps: 2, lr: 0.0001
 eval: {limit: 8, batch_size: 8, max_length: 128}
 """
 
+# Every stage of dvc.yaml with the tiny params (eval.models is the shipped list).
+ALL_STAGES = {"prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo", "report"} | {
+    f"evaluate@{m}" for m in ("baseline", "pretrain", "sft", "dpo")
+}
+
 
 @pytest.fixture(scope="session")
 def offline_env() -> dict[str, str]:
@@ -39,4 +48,60 @@ def offline_env() -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         DVC_NO_ANALYTICS="1",
     )
+    return env
+
+
+# What a temporary pipeline repo holds: the DAG, the code its stages run, and the Prefect flows.
+REPO_FILES = ("src", "flows", "dvc.yaml", "prefect.yaml", ".gitignore")
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """`base` with `over` merged in, recursively for mappings present in both."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = deep_merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
+
+
+def sh(repo: Path, env: dict[str, str], *cmd: str) -> str:
+    """Run `cmd` in `repo`; assert it succeeds; return stdout + stderr."""
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    return proc.stdout + proc.stderr
+
+
+def stages_run(output: str) -> set[str]:
+    """The stages `dvc repro` output says it ran."""
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+def make_pipeline_repo(dest: Path, env: dict[str, str], params_overrides: str = TINY_PARAMS) -> Path:
+    """A git + DVC repo at `dest` with this project's DAG, code and flows, and the shipped params.yaml with
+    `params_overrides` (YAML) merged in; everything committed once."""
+    for name in REPO_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        elif src.exists():
+            shutil.copy(src, dest / name)
+    shipped = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = deep_merge(shipped, yaml.safe_load(params_overrides))
+    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    sh(dest, env, "git", "init", "-q")
+    sh(dest, env, "dvc", "init", "-q")
+    sh(dest, env, "dvc", "config", "core.analytics", "false")
+    sh(dest, env, "git", "add", "-A")
+    sh(dest, env, "git", "commit", "-qm", "init")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def pipeline_env(offline_env, tmp_path_factory) -> dict[str, str]:
+    """`offline_env` plus a private HF cache, a git identity, and this checkout's `src` first on PYTHONPATH,
+    so `llm-train` and the flows run the code under test even where llmpipe is installed from elsewhere."""
+    env = dict(offline_env)
+    env["HF_HOME"] = str(tmp_path_factory.mktemp("hf_home"))
+    env["GIT_AUTHOR_NAME"] = env["GIT_COMMITTER_NAME"] = "test"
+    env["GIT_AUTHOR_EMAIL"] = env["GIT_COMMITTER_EMAIL"] = "test@example.invalid"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     return env

@@ -51,7 +51,7 @@ def test_shipped_file_lists_every_knob():
                 yield from missing(value, node[name], f"{prefix}{name}.")
 
     assert list(missing(params.train, raw["train"], "train.")) == []
-    for section in ("paths", "data", "tokenizer", "model", "distributed", "eval"):
+    for section in ("paths", "data", "tokenizer", "model", "distributed", "eval", "orchestration"):
         assert list(missing(getattr(params, section), raw[section], f"{section}.")) == [], section
 
 
@@ -136,3 +136,11 @@ def test_cli_overrides_go_to_a_run_dir_and_validate():
     }
     with pytest.raises(ValueError, match="does not train"):
         overrides_from_args(_parser().parse_args(["--task", "prepare", "--lr", "1"]), "prepare")
+
+
+def test_orchestration_cron_is_checked():
+    assert parse_params({"orchestration": {"cron": "0 3 * * 1-5"}}).orchestration.cron == "0 3 * * 1-5"
+    with pytest.raises(ParamsError, match=r"orchestration\.cron 'every day' is not a 5-field cron string"):
+        parse_params({"orchestration": {"cron": "every day"}})
+    with pytest.raises(ParamsError, match=r"orchestration\.retries"):
+        parse_params({"orchestration": {"retries": -1}})

@@ -7,64 +7,23 @@ from __future__ import annotations
 
 import json
 import math
-import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import ROOT, TINY_PARAMS
+from conftest import ALL_STAGES, make_pipeline_repo, sh, stages_run
 
 pytestmark = pytest.mark.slow
 
-ALL_STAGES = {"prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo", "report"} | {
-    f"evaluate@{m}" for m in ("baseline", "pretrain", "sft", "dpo")
-}
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = deep_merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
-    return out
-
-
-def sh(repo: Path, env: dict[str, str], *cmd: str) -> str:
-    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    return proc.stdout + proc.stderr
-
-
-def stages_run(output: str) -> set[str]:
-    return set(re.findall(r"Running stage '([^']+)'", output))
-
-
 @pytest.fixture(scope="module")
-def env(offline_env, tmp_path_factory) -> dict[str, str]:
-    env = dict(offline_env)
-    env["HF_HOME"] = str(tmp_path_factory.mktemp("hf_home"))
-    env["GIT_AUTHOR_NAME"] = env["GIT_COMMITTER_NAME"] = "test"
-    env["GIT_AUTHOR_EMAIL"] = env["GIT_COMMITTER_EMAIL"] = "test@example.invalid"
-    return env
+def env(pipeline_env) -> dict[str, str]:
+    return pipeline_env
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory, env) -> Path:
     """A git + DVC repo holding this project's dvc.yaml, code and tiny params."""
-    repo = tmp_path_factory.mktemp("repo")
-    shutil.copytree(ROOT / "src", repo / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("dvc.yaml", ".gitignore"):
-        shutil.copy(ROOT / name, repo / name)
-    shipped = yaml.safe_load((ROOT / "params.yaml").read_text())
-    (repo / "params.yaml").write_text(yaml.safe_dump(deep_merge(shipped, yaml.safe_load(TINY_PARAMS))))
-    sh(repo, env, "git", "init", "-q")
-    sh(repo, env, "dvc", "init", "-q")
-    sh(repo, env, "dvc", "config", "core.analytics", "false")
-    sh(repo, env, "git", "add", "-A")
-    sh(repo, env, "git", "commit", "-qm", "init")
-    return repo
+    return make_pipeline_repo(tmp_path_factory.mktemp("repo"), env)
 
 
 def test_repro_builds_every_artifact(repo, env):

@@ -10,6 +10,7 @@ validation, so ``params.sft.lr`` is the value SFT really uses.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -280,6 +281,33 @@ class EvalParams(_Section):
     max_length: int = Field(512, gt=0, description="Context window in tokens for scoring.")
 
 
+_CRON_FIELD = re.compile(r"^[0-9A-Za-z*,/?-]+$")
+
+
+class OrchestrationParams(_Section):
+    """The Prefect flow `full-pipeline` (flows/full_pipeline.py): retries of a failed stage, optional schedule.
+
+    No DVC stage reads this section, so changing it reruns nothing.
+    """
+
+    retries: int = Field(2, ge=0, description="Retries of a failed stage (a training stage resumes its checkpoint).")
+    retry_delay_s: float = Field(10.0, ge=0, description="Seconds between a stage failing and its retry.")
+    cron: str | None = Field(
+        None, description="Schedule of the served deployment as a 5-field cron string, e.g. '0 3 * * *'; null = none."
+    )
+
+    @model_validator(mode="after")
+    def _cron_has_five_fields(self) -> OrchestrationParams:
+        if self.cron is not None:
+            fields = self.cron.split()
+            if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
+                raise ValueError(
+                    f"orchestration.cron {self.cron!r} is not a 5-field cron string "
+                    "(minute hour day-of-month month day-of-week, e.g. '0 3 * * *'); use null for no schedule"
+                )
+        return self
+
+
 class Params(_Section):
     """The whole of params.yaml."""
 
@@ -293,6 +321,7 @@ class Params(_Section):
     dpo: DPOParams = DPOParams()
     distributed: DistributedParams = DistributedParams()
     eval: EvalParams = EvalParams()
+    orchestration: OrchestrationParams = OrchestrationParams()
 
     def stage(self, name: str) -> TrainParams:
         """The merged training params of stage `name` (one of :data:`STAGE_SECTIONS`)."""

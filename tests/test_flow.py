@@ -1,0 +1,368 @@
+"""The `full-pipeline` Prefect flow, served as deployment full-pipeline/full-pipeline by flows/serve.py,
+against a real Prefect server on loopback, on tiny params in a temporary git + DVC repo.
+
+One module-scoped repo, server and serve process; the tests run in file order and build on each other.
+Every process started here is stopped here (SIGINT to its process group, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from conftest import ALL_STAGES, ROOT, TINY_PARAMS, make_pipeline_repo, sh, stages_run
+
+sys.path.insert(0, str(ROOT / "flows"))
+from full_pipeline import stop_process_group, working_copy_path  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# Retries come quickly in tests; everything else is the tiny pipeline.
+FLOW_PARAMS = TINY_PARAMS + "orchestration: {retries: 2, retry_delay_s: 1.0}\n"
+
+# A pretrain long enough to be caught between checkpoints: 5-step checkpoints (save_steps is part of the
+# checkpoint fingerprint, so these runs never resume the workspace's checkpoints).
+LONG_PRETRAIN = {"pretrain.max_steps": "60", "pretrain.save_steps": "5", "pretrain.eval_steps": "1000"}
+
+DEPLOYMENT = "full-pipeline/full-pipeline"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start `cmd` in its own process group, output to `log`."""
+    with log.open("w") as out:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def env(pipeline_env, tmp_path_factory) -> dict[str, str]:
+    env = dict(pipeline_env)
+    env.update(
+        PREFECT_HOME=str(tmp_path_factory.mktemp("prefect_home")),
+        PREFECT_API_URL=f"http://127.0.0.1:{free_port()}/api",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="false",
+        PREFECT_RUNNER_POLL_FREQUENCY="2",  # serve picks up a new run within 2 s (default 10)
+        # A run waiting for the repository's slot asks again within 5 s (default: up to 30 s).
+        PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS="5",
+    )
+    return env
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, env) -> Path:
+    return make_pipeline_repo(tmp_path_factory.mktemp("flow_repo"), env, FLOW_PARAMS)
+
+
+@pytest.fixture(scope="module")
+def logs_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("process_logs")
+
+
+@pytest.fixture(scope="module")
+def server(env, logs_dir, repo):
+    """`prefect server start` on loopback, SQLite under its own PREFECT_HOME."""
+    port = env["PREFECT_API_URL"].split(":")[-1].split("/")[0]
+    cmd = ["prefect", "server", "start", "--host", "127.0.0.1", "--port", port]
+    proc = start(cmd, repo, env, logs_dir / "server.log")
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, (logs_dir / "server.log").read_text()
+            try:
+                with urllib.request.urlopen(env["PREFECT_API_URL"] + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.time() < deadline, "server not healthy within 120 s"
+            time.sleep(0.5)
+        yield env["PREFECT_API_URL"]
+    finally:
+        stop_process_group(proc, grace_s=20)
+
+
+@pytest.fixture(scope="module")
+def client(server, env):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: server, PREFECT_HOME: env["PREFECT_HOME"]}):
+        with get_client(sync_client=True) as c:
+            yield c
+
+
+@pytest.fixture(scope="module")
+def served(repo, env, client, logs_dir):
+    """`python flows/serve.py` in the repo, until the deployment is registered."""
+    proc = start([sys.executable, "flows/serve.py"], repo, env, logs_dir / "serve.log")
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, (logs_dir / "serve.log").read_text()
+            try:
+                client.read_deployment_by_name(DEPLOYMENT)
+                break
+            except Exception:
+                assert time.time() < deadline, "deployment not served within 120 s"
+                time.sleep(0.5)
+        yield proc
+    finally:
+        stop_process_group(proc, grace_s=20)
+
+
+def trigger(repo: Path, env: dict[str, str], **params: Any) -> str:
+    """`prefect deployment run full-pipeline/full-pipeline --params …`; the flow run id."""
+    out = sh(repo, env, "prefect", "deployment", "run", DEPLOYMENT, "--params", json.dumps(params))
+    return re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
+
+
+def wait_final(client, run_id: str, timeout_s: float = 600) -> Any:
+    """The flow run once it is in a final state."""
+    deadline = time.time() + timeout_s
+    while True:
+        run = client.read_flow_run(run_id)
+        if run.state and run.state.is_final():
+            return run
+        assert time.time() < deadline, f"flow run {run_id} still {run.state.name} after {timeout_s} s"
+        time.sleep(0.5)
+
+
+def logs(client, run_id: str) -> list[Any]:
+    """Every log record of a flow run (and its tasks), in time order; waits for the last one to arrive."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    deadline = time.time() + 30
+    while True:
+        records: list[Any] = []
+        while batch := client.read_logs(
+            LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), offset=len(records), sort=LogSort.TIMESTAMP_ASC
+        ):
+            records += batch
+        if any(r.task_run_id is None and "Finished in state" in r.message for r in records) or time.time() > deadline:
+            return records
+        time.sleep(0.5)
+
+
+def text(records: list[Any]) -> str:
+    return "\n".join(r.message for r in records)
+
+
+def artifacts(client, run_id: str) -> dict[str, Any]:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+    return {a.key: a for a in found}
+
+
+def task_runs(client, run_id: str) -> dict[str, Any]:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    found = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    return {t.name: t for t in found}
+
+
+def tree_digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for root in paths:
+        for f in sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]:
+            h.update(str(f).encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def wait_for_checkpoint(run_dir: Path, client, run_id: str, timeout_s: float = 300) -> Path:
+    deadline = time.time() + timeout_s
+    while not (found := list(run_dir.glob("checkpoints/pretrain/*/checkpoint-*/trainer_state.json"))):
+        run = client.read_flow_run(run_id)
+        assert not run.state.is_final(), f"run ended {run.state.name} before a checkpoint"
+        assert time.time() < deadline, f"no checkpoint under {run_dir} within {timeout_s} s"
+        time.sleep(0.1)
+    return found[0]
+
+
+def pipeline_processes(where: Path) -> list[psutil.Process]:
+    """Live `llm-train` / `dvc` processes working under `where`."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "cwd", "status"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        cwd = p.info["cwd"] or ""
+        if p.info["status"] != psutil.STATUS_ZOMBIE and cwd.startswith(str(where)):
+            if "llm-train" in cmd or re.search(r"\bdvc\b", cmd):
+                found.append(p)
+    return found
+
+
+def test_served_deployment_runs_every_stage(repo, env, client, served, record_property):
+    start_s = time.time()
+    run_id = trigger(repo, env)
+    run = wait_final(client, run_id)
+    record_property("full_run_s", round(time.time() - start_s, 1))
+    assert run.state.name == "Completed", text(logs(client, run_id))[-5000:]
+
+    out = text(logs(client, run_id))
+    assert stages_run(out) == ALL_STAGES
+    tasks = task_runs(client, run_id)
+    assert ALL_STAGES <= set(tasks), "one task per DVC stage"
+    assert all(tasks[s].state.name == "Completed" for s in ALL_STAGES)
+    assert "llm-train" in out or "pretrain done in" in out, "a task's log shows its stage's output"
+
+    found = artifacts(client, run_id)
+    summary = found["full-pipeline-summary"].data
+    for stage in ("prepare", "pretrain", "sft", "dpo", "evaluate@sft", "report"):
+        assert f"| {stage} |" in summary
+    assert "| pretrain | train_loss |" in summary and "wall time" in summary
+    assert f"Report: `{repo / 'reports' / 'report.md'}`" in summary and f"`{repo / 'models' / 'dpo'}`" in summary
+    for model in ("baseline", "pretrain", "sft", "dpo"):
+        table = found[f"eval-{model}"].data
+        rows = json.loads(table) if isinstance(table, str) else table
+        assert rows and {"metric", "value"} <= set(rows[0])
+    assert (repo / "reports" / "report.md").exists() and (repo / "dvc.lock").exists()
+
+
+def test_second_run_does_nothing(repo, env, client, served, record_property):
+    start_s = time.time()
+    run_id = trigger(repo, env)
+    run = wait_final(client, run_id)
+    end_to_end_s = time.time() - start_s
+    assert run.state.name == "Completed"
+    out = text(logs(client, run_id))
+    assert stages_run(out) == set(), "no stage ran"
+    for stage in ALL_STAGES:
+        assert f"{stage}: up to date in" in out
+    flow_s = (run.end_time - run.start_time).total_seconds()
+    record_property("noop_end_to_end_s", round(end_to_end_s, 1))
+    record_property("noop_flow_s", round(flow_s, 1))
+    print(f"\nno-op run: {end_to_end_s:.1f} s from trigger to Completed, flow run {flow_s:.1f} s")
+
+
+def test_set_params_saves_an_experiment_and_leaves_the_workspace(repo, env, client, served):
+    before = tree_digest(repo / "params.yaml", repo / "dvc.lock", repo / "models", repo / "metrics")
+    run_id = trigger(repo, env, set_params={"train.lr": "5e-4"}, experiment_name="lr5e-4")
+    run = wait_final(client, run_id)
+    out = text(logs(client, run_id))
+    assert run.state.name == "Completed", out[-5000:]
+    assert stages_run(out) == ALL_STAGES - {"prepare", "tokenizer", "baseline", "evaluate@baseline"}
+    assert "resuming from" not in out, "the new lr never resumes another run's checkpoint"
+
+    shown = json.loads(sh(repo, env, "dvc", "exp", "show", "--json"))
+    exps = {rev["name"]: rev for baseline in shown for exp in baseline.get("experiments") or [] for rev in exp["revs"]}
+    assert "lr5e-4" in exps
+    params = exps["lr5e-4"]["data"]["params"]["params.yaml"]["data"]
+    assert params["train"]["lr"] == 5e-4
+    assert "lr5e-4" in sh(repo, env, "dvc", "exp", "show", "--csv")
+
+    assert tree_digest(repo / "params.yaml", repo / "dvc.lock", repo / "models", repo / "metrics") == before
+    assert sh(repo, env, "git", "status", "--porcelain", "--untracked-files=no") == ""
+    assert not working_copy_path(repo, "lr5e-4").exists(), "the saved experiment's copy is removed"
+    assert len(sh(repo, env, "git", "worktree", "list").splitlines()) == 1
+    summary = artifacts(client, run_id)["full-pipeline-summary"].data
+    assert "lr5e-4" in summary and "| params.yaml | train.lr |" in summary
+
+
+def test_killed_stage_is_retried_and_resumes_from_its_checkpoint(repo, env, client, served):
+    run_id = trigger(repo, env, stages=["pretrain"], set_params=LONG_PRETRAIN, experiment_name="retried")
+    copy = working_copy_path(repo, "retried")
+    wait_for_checkpoint(copy, client, run_id)
+    trainers = [p for p in pipeline_processes(copy) if "llm-train" in " ".join(p.cmdline())]
+    assert trainers, "llm-train is running"
+    for p in trainers:
+        p.send_signal(signal.SIGKILL)
+
+    run = wait_final(client, run_id)
+    out = text(logs(client, run_id))
+    assert run.state.name == "Completed", out[-5000:]
+    step = re.search(r"resuming from \S+ \(step (\d+)\)", out)
+    assert step and int(step.group(1)) >= 5, "the retry resumed from the checkpoint"
+    assert task_runs(client, run_id)["pretrain"].run_count == 2
+    assert "Retry" in out or "retry" in out
+
+
+def test_back_to_back_runs_wait_for_the_slot(repo, env, client, served):
+    first, second = trigger(repo, env, stages=["prepare"]), trigger(repo, env, stages=["prepare"])
+    runs = [wait_final(client, i) for i in (first, second)]
+    assert [r.state.name for r in runs] == ["Completed", "Completed"]
+
+    spans = []
+    for run_id in (first, second):
+        records = logs(client, run_id)
+        held = next(r.timestamp for r in records if r.message.startswith("holding the slot"))
+        done = next(r.timestamp for r in records if r.message.startswith("prepare: up to date in"))
+        spans.append((held, done))
+    spans.sort()
+    assert spans[0][1] <= spans[1][0], f"the two runs held the slot at the same time: {spans}"
+
+
+def test_cancel_mid_training_leaves_no_process_and_no_lock(repo, env, client, served):
+    # Not the retried run's params (DVC's run cache holds them); a budget the cancel comes well before.
+    params = {**LONG_PRETRAIN, "pretrain.seed": "7", "pretrain.max_steps": "1000"}
+    run_id = trigger(repo, env, stages=["pretrain"], set_params=params, experiment_name="cancelled")
+    copy = working_copy_path(repo, "cancelled")
+    wait_for_checkpoint(copy, client, run_id)
+    assert pipeline_processes(copy), "training is under way"
+    sh(repo, env, "prefect", "flow-run", "cancel", run_id)
+    run = wait_final(client, run_id, timeout_s=120)
+    assert run.state.name == "Cancelled"
+
+    deadline = time.time() + 30
+    while (left := pipeline_processes(repo)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not left, [p.info["cmdline"] for p in left]
+    rwlock = json.loads((copy / ".dvc" / "tmp" / "rwlock").read_text())
+    assert not rwlock.get("read") and not rwlock.get("write"), f"DVC's rwlock still holds {rwlock}"
+    import zc.lockfile
+
+    zc.lockfile.LockFile(str(copy / ".dvc" / "tmp" / "lock")).close()  # raises LockError if still held
+
+    # The next run of the same experiment starts cleanly in the same copy and resumes its checkpoint
+    # (a few steps more: max_steps is a budget, so the checkpoint's fingerprint still matches).
+    last = max(int(p.parent.name[11:]) for p in copy.glob("checkpoints/pretrain/*/checkpoint-*/trainer_state.json"))
+    resumed = trigger(repo, env, stages=["pretrain"], experiment_name="cancelled",
+                      set_params={**params, "pretrain.max_steps": str(last + 5)})
+    run = wait_final(client, resumed)
+    out = text(logs(client, resumed))
+    assert run.state.name == "Completed", out[-5000:]
+    assert "reusing the working copy" in out and f"(step {last})" in out
+    assert sh(repo, env, "git", "status", "--porcelain", "--untracked-files=no") == "", "the workspace is untouched"
+
+
+def test_prefect_yaml_deploys_onto_a_process_work_pool(repo, env, client, served, logs_dir):
+    """`prefect deploy` of prefect.yaml registers the same deployment on a process pool, and a worker runs it."""
+    stop_process_group(served, grace_s=20)  # the served runner would take the redeployed deployment's runs too
+    sh(repo, env, "prefect", "work-pool", "create", "llmpipe-process", "--type", "process")
+    sh(repo, env, "prefect", "--no-prompt", "deploy", "--all")
+    deployment = client.read_deployment_by_name(DEPLOYMENT)
+    assert deployment.work_pool_name == "llmpipe-process"
+    assert deployment.entrypoint == "flows/full_pipeline.py:full_pipeline"
+    worker = start(["prefect", "worker", "start", "--pool", "llmpipe-process"], repo, env, logs_dir / "worker.log")
+    try:
+        run_id = trigger(repo, env, stages=["prepare"])
+        run = wait_final(client, run_id, timeout_s=180)
+        out = text(logs(client, run_id))
+        assert run.state.name == "Completed", out[-3000:]
+        assert "prepare: up to date in" in out
+    finally:
+        stop_process_group(worker, grace_s=20)
+
+
+def test_no_telemetry_error_offline(logs_dir, served):
+    for name in ("server.log", "serve.log", "worker.log"):
+        log = (logs_dir / name).read_text()
+        assert "telemetry" not in log.lower() and "analytics" not in log.lower(), log[-3000:]
