@@ -25,7 +25,8 @@ import pytest
 from conftest import ALL_STAGES, ROOT, TINY_PARAMS, make_pipeline_repo, sh, stages_run
 
 sys.path.insert(0, str(ROOT / "flows"))
-from full_pipeline import stop_process_group, working_copy_path  # noqa: E402
+from full_pipeline import working_copy_path  # noqa: E402
+from llmpipe.orchestration.processes import stop_process_group  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -18,10 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from llmpipe.config import BUDGET_KEYS, Params, TrainParams
 from llmpipe.errors import UserError
 from llmpipe.io import atomic_file
-from llmpipe.modeling import save_model
+from llmpipe.modeling import count_parameters, save_model
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +149,7 @@ def last_checkpoint(run_dir: Path) -> Path | None:
     return max(done, key=lambda p: int(p.name[11:]), default=None)
 
 
-class ThroughputLog:
+class ThroughputLog(TrainerCallback):
     """Trainer callback adding tokens/s (input tokens, all ranks) to every training log entry.
 
     It must run before the printing and TensorBoard callbacks, so :func:`train_stage` puts it first.
@@ -169,11 +171,6 @@ class ThroughputLog:
         logs["tokens_per_s"] = round(rate, 1)
         if state.log_history:
             state.log_history[-1]["tokens_per_s"] = logs["tokens_per_s"]
-
-    def __getattr__(self, name):  # the other TrainerCallback events are no-ops
-        if name.startswith("on_"):
-            return lambda *a, **k: None
-        raise AttributeError(name)
 
 
 def write_plots(log_history: list[dict[str, Any]], log_dir: Path) -> None:
@@ -227,5 +224,5 @@ def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -
         "steps": int(trainer.state.global_step),
         "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else 0.0,
         "resumed_from_step": resumed_step,
-        "num_parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "num_parameters": count_parameters(trainer.model),
     }

@@ -25,10 +25,11 @@ class PackedBlocks:
     Args:
         tokens: 1-D int64 tensor of all token ids, documents separated by eos, shape (N,).
         block_size: T, tokens per block.
+        max_blocks: Keep only the first this many blocks (None = all).
     """
 
-    def __init__(self, tokens, block_size: int) -> None:
-        self.blocks = tokens[: len(tokens) // block_size * block_size].view(-1, block_size)  # (N // T, T)
+    def __init__(self, tokens, block_size: int, max_blocks: int | None = None) -> None:
+        self.blocks = tokens[: len(tokens) // block_size * block_size].view(-1, block_size)[:max_blocks]  # (B, T)
 
     def __len__(self) -> int:
         return self.blocks.shape[0]
@@ -52,11 +53,9 @@ def pack(path: Path, tokenizer, block_size: int, max_blocks: int | None = None) 
     ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
     eos = tokenizer.eos_token_id
     flat = torch.tensor([t for doc in ids for t in (*doc, eos)], dtype=torch.long)
-    blocks = PackedBlocks(flat, block_size)
+    blocks = PackedBlocks(flat, block_size, max_blocks)
     if len(blocks) == 0:
         raise UserError(f"{path}: {len(flat)} tokens, fewer than one block of max_length={block_size}")
-    if max_blocks is not None:
-        blocks.blocks = blocks.blocks[:max_blocks]
     return blocks
 
 
