@@ -1,0 +1,183 @@
+"""PPO: the algorithm pieces against hand-computed values (arithmetic in the comments), then the `ppo`
+stage on tiny real models: it trains, logs finite losses, and a SIGKILLed run resumes with the same prompts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from llmpipe.rl.ppo import (
+    RunningMeanStd,
+    entropy_from_logits,
+    gae,
+    kl_k1,
+    kl_k3,
+    logprobs_from_logits,
+    masked_mean,
+    masked_var,
+    policy_loss,
+    shape_scores,
+    token_rewards,
+    value_loss,
+    whiten,
+)
+
+
+def close(actual, expected, tol=1e-5):
+    assert torch.allclose(torch.as_tensor(actual, dtype=torch.float64),
+                          torch.as_tensor(expected, dtype=torch.float64), atol=tol), (actual, expected)
+
+
+# ---- the algorithm pieces ---------------------------------------------------------------------------------
+
+def test_gae_on_a_three_token_trajectory_with_padding():
+    # Real tokens t = 0, 1, 2; t = 3 is padding (its reward 5 and value 9 must be ignored).
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 5.0]])
+    values = torch.tensor([[0.5, 0.2, 0.4, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    # gamma = 0.9, lam = 0.8, so gamma * lam = 0.72; the value after the last real token is 0.
+    # delta_2 = 1 + 0.9 * 0   - 0.4 =  0.6     A_2 = 0.6
+    # delta_1 = 0 + 0.9 * 0.4 - 0.2 =  0.16    A_1 = 0.16  + 0.72 * 0.6   =  0.592
+    # delta_0 = 0 + 0.9 * 0.2 - 0.5 = -0.32    A_0 = -0.32 + 0.72 * 0.592 =  0.10624
+    # returns = A + V = [0.60624, 0.792, 1.0], padding 0.
+    adv, ret = gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    close(adv, [[0.10624, 0.592, 0.6, 0.0]])
+    close(ret, [[0.60624, 0.792, 1.0, 0.0]])
+
+
+def test_gae_limits_monte_carlo_and_one_step_td():
+    rewards = torch.tensor([[1.0, 2.0, 3.0]])
+    values = torch.tensor([[1.0, 1.0, 1.0]])
+    mask = torch.ones(1, 3)
+    # gamma = lam = 1: A_t = (sum of rewards from t) - V_t = [6 - 1, 5 - 1, 3 - 1].
+    adv, ret = gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    close(adv, [[5.0, 4.0, 2.0]])
+    close(ret, [[6.0, 5.0, 3.0]])
+    # lam = 0: A_t = delta_t = r_t + V_{t+1} - V_t = [1 + 1 - 1, 2 + 1 - 1, 3 + 0 - 1].
+    adv, _ = gae(rewards, values, mask, gamma=1.0, lam=0.0)
+    close(adv, [[1.0, 2.0, 2.0]])
+
+
+def test_kl_estimators_k1_and_k3():
+    logp = torch.tensor([-1.0, -2.0])
+    ref = torch.tensor([-1.5, -1.0])
+    # k1 = logp - ref = [-1 + 1.5, -2 + 1] = [0.5, -1.0]
+    close(kl_k1(logp, ref), [0.5, -1.0])
+    # log r = ref - logp = [-0.5, 1.0]; r = [e^-0.5, e^1] = [0.6065306597, 2.7182818285]
+    # k3 = (r - 1) - log r = [0.6065306597 - 1 + 0.5, 2.7182818285 - 1 - 1] = [0.1065306597, 0.7182818285]
+    close(kl_k3(logp, ref), [0.1065306597, 0.7182818285])
+    # Identical policies: both 0.
+    close(kl_k3(logp, logp), [0.0, 0.0])
+
+
+def test_masked_mean_and_unbiased_var_skip_padding():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    # Real values 1, 2, 3, 4: mean 2.5; squared deviations 2.25 + 0.25 + 0.25 + 2.25 = 5; unbiased var 5 / 3.
+    close(masked_mean(x, mask), 2.5)
+    close(masked_var(x, mask), 5 / 3)
+    close(masked_var(x, mask, unbiased=False), 5 / 4)
+    # Row means: [6 / 3, 4 / 1].
+    close(masked_mean(x, mask, dim=1), [2.0, 4.0])
+    with pytest.raises(ValueError, match="selects no element"):
+        masked_var(x, torch.zeros_like(mask))
+
+
+def test_whitening_of_advantages_and_rewards():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    # mean 2.5, std sqrt(5 / 3) = 1.2909944; (x - 2.5) / 1.2909944 = [-1.161895, -0.387298, 0.387298, 1.161895]
+    # Advantages: shift_mean=True (mean 0, std 1), padding 0.
+    close(whiten(x, mask), [[-1.161895, -0.387298, 0.387298], [1.161895, 0.0, 0.0]])
+    # Rewards: shift_mean=False adds the mean 2.5 back: [1.338105, 2.112702, 2.887298, 3.661895].
+    close(whiten(x, mask, shift_mean=False), [[1.338105, 2.112702, 2.887298], [3.661895, 0.0, 0.0]])
+
+
+def test_clipped_policy_loss_and_clip_fraction():
+    ratios = torch.tensor([[1.5, 0.5, 1.1, 0.7, 3.0]])
+    old = torch.zeros(1, 5)
+    logp = ratios.log()  # so exp(logp - old) = ratios
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, 50.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])  # the last token is padding
+    # cliprange 0.2: per token max(-A * r, -A * clip(r, 0.8, 1.2))
+    #   r=1.5, A= 1: max(-1.5, -1.2) = -1.2   clipped term larger → clipped
+    #   r=0.5, A= 1: max(-0.5, -0.8) = -0.5
+    #   r=1.1, A=-1: max( 1.1,  1.1) =  1.1   equal → not counted as clipped
+    #   r=0.7, A=-1: max( 0.7,  0.8) =  0.8   clipped
+    # loss = (-1.2 - 0.5 + 1.1 + 0.8) / 4 = 0.05; clip fraction 2 / 4 = 0.5
+    # approx KL = 0.5 * mean(log(r)^2) = 0.5 * (0.164402 + 0.480453 + 0.009084 + 0.127217) / 4 = 0.0976445
+    out = policy_loss(logp, old, adv, mask, cliprange=0.2)
+    close(out.loss, 0.05)
+    close(out.clip_fraction, 0.5)
+    close(out.approx_kl, 0.0976445)
+
+
+def test_policy_loss_gradient_stops_where_clipped():
+    logp = torch.tensor([[math.log(1.5), math.log(0.5)]], requires_grad=True)
+    out = policy_loss(logp, torch.zeros(1, 2), torch.tensor([[1.0, 1.0]]), torch.ones(1, 2), cliprange=0.2)
+    out.loss.backward()
+    # Token 0 is clipped (ratio 1.5 > 1.2 with A > 0): no gradient. Token 1: d/dlogp (-A * r) / 2 = -0.5 / 2.
+    close(logp.grad, [[0.0, -0.25]])
+
+
+def test_clipped_value_loss():
+    old = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    values = torch.tensor([[1.5, 0.95, 0.0, 7.0]])
+    returns = torch.tensor([[2.0, 0.0, 1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    # cliprange_value 0.2: V_clip = old + clip(V - old, -0.2, 0.2) = [1.2, 0.95, 0.8]
+    #   (1.5 - 2)^2 = 0.25    (1.2 - 2)^2 = 0.64   → 0.64  clipped
+    #   (0.95 - 0)^2 = 0.9025 (0.95 - 0)^2 = 0.9025 → 0.9025
+    #   (0 - 1)^2 = 1         (0.8 - 1)^2 = 0.04   → 1
+    # loss = 0.5 * (0.64 + 0.9025 + 1) / 3 = 0.42375; clip fraction 1 / 3
+    loss, clip = value_loss(values, old, returns, mask, cliprange_value=0.2)
+    close(loss, 0.42375)
+    close(clip, 1 / 3)
+
+
+def test_entropy_and_logprobs_from_logits():
+    logits = torch.tensor([[[0.0, 0.0], [0.0, math.log(3.0)]]])
+    # Uniform over 2: ln 2 = 0.693147. p = [1/4, 3/4]: -(0.25 ln 0.25 + 0.75 ln 0.75) = 0.562335
+    close(entropy_from_logits(logits), [[0.693147, 0.562335]])
+    # log p(token 1) = [ln 0.5, ln 0.75] = [-0.693147, -0.287682]
+    close(logprobs_from_logits(logits, torch.tensor([[1, 1]])), [[-0.693147, -0.287682]])
+
+
+def test_running_mean_std_after_two_batches_matches_numpy_and_round_trips():
+    rms = RunningMeanStd()
+    rms.update(torch.tensor([1.0, 2.0, 3.0]))
+    rms.update(torch.tensor([10.0, 20.0]))
+    # Merge of (mean 2, var 2/3, n 3) and (mean 15, var 25, n 2): delta 13,
+    # M2 = 2/3 * 3 + 25 * 2 + 13^2 * 3 * 2 / 5 = 2 + 50 + 202.8 = 254.8, var = 254.8 / 5 = 50.96, mean 7.2
+    everything = np.array([1.0, 2.0, 3.0, 10.0, 20.0])
+    assert rms.count == 5
+    assert rms.mean == pytest.approx(everything.mean()) == pytest.approx(7.2)
+    assert rms.var == pytest.approx(everything.var()) == pytest.approx(50.96)
+    restored = RunningMeanStd()
+    restored.load_state_dict(rms.state_dict())
+    assert restored.state_dict() == rms.state_dict()
+
+
+def test_score_normalisation_clipping_and_missing_eos_penalty():
+    scores = torch.tensor([1.0, 3.0])
+    has_eos = torch.tensor([True, False])
+    # batch: mean 2, population var 1 → [-1, 1]; clip 0.5 → [-0.5, 0.5]; no eos on the second: -1 → -0.5
+    out = shape_scores(scores, has_eos, "batch", RunningMeanStd(), reward_clip=0.5, missing_eos_penalty=1.0)
+    close(out, [-0.5, -0.5])
+    close(shape_scores(scores, has_eos, "none", RunningMeanStd(), None, 0.0), [1.0, 3.0])
+    # running, after an earlier batch [1, 2, 3]: stats of [1, 2, 3, 1, 3] are mean 2, var (1+0+1+1+1)/5 = 0.8
+    rms = RunningMeanStd()
+    rms.update(torch.tensor([1.0, 2.0, 3.0]))
+    out = shape_scores(scores, has_eos, "running", rms, reward_clip=None, missing_eos_penalty=0.0)
+    assert rms.count == 5
+    close(out, [-1 / math.sqrt(0.8), 1 / math.sqrt(0.8)])
+
+
+def test_token_rewards_put_the_score_on_the_last_real_token():
+    kl = torch.tensor([[0.1, 0.2, 0.3], [0.5, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    # -0.5 * kl on real tokens; the score (2, -1) added at index 2 and index 0: -0.15 + 2 = 1.85, -0.25 - 1 = -1.25
+    close(token_rewards(torch.tensor([2.0, -1.0]), kl, mask, kl_coef=0.5), [[-0.05, -0.1, 1.85], [-1.25, 0.0, 0.0]])
