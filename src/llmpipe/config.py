@@ -257,6 +257,35 @@ class DPOParams(TrainParams):
         return self
 
 
+class GenerationParams(_Section):
+    """Sampling of completions by the RL stages (ppo, grpo): `transformers.GenerationConfig` names."""
+
+    max_new_tokens: int = Field(64, gt=0, description="Tokens generated per completion at most.")
+    temperature: float = Field(1.0, gt=0, description="Softmax temperature of sampling.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
+    top_k: int = Field(0, ge=0, description="Sample among the k most likely tokens (0 = off).")
+    min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens below min_p × the top probability.")
+    repetition_penalty: float = Field(1.0, gt=0, description="CTRL repetition penalty (1 = off).")
+    suppress_tokens: list[int] = Field([], description="Token ids never generated.")
+
+
+class RewardSpec(_Section):
+    """One named reward function of `llmpipe.rewards.REWARDS` and its weight in the summed reward."""
+
+    name: str = Field(description="A key of llmpipe.rewards.REWARDS.")
+    weight: float = Field(1.0, description="Multiplier of this reward in the sum.")
+
+    @model_validator(mode="after")
+    def _known(self) -> RewardSpec:
+        from llmpipe.rewards import REWARDS
+
+        if self.name not in REWARDS:
+            close = difflib.get_close_matches(self.name, REWARDS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown reward {self.name!r}{hint} (available: {', '.join(REWARDS)})")
+        return self
+
+
 class DistributedParams(_Section):
     """How training is spread over devices (Accelerate)."""
 
