@@ -26,6 +26,9 @@ train: {max_steps: 12, per_device_train_batch_size: 4, per_device_eval_batch_siz
 pretrain: {max_steps: 12, per_device_train_batch_size: 4}
 sft: {max_steps: 12, per_device_train_batch_size: 4}
 dpo: {max_steps: 12, per_device_train_batch_size: 4, warmup_steps: 2, lr: 0.0001, beta: 0.1}
+ppo: {max_steps: 4, per_device_train_batch_size: 4, num_mini_batches: 2, num_ppo_epochs: 2, warmup_steps: 0,
+      lr: 0.0001, logging_steps: 2, eval_steps: 4, save_steps: 2, max_eval_samples: 8, num_samples: 64,
+      rewards: [{name: parsable_prefix, weight: 1.0}], generation: {max_new_tokens: 16}}
 eval: {limit: 8, batch_size: 8, max_length: 128}
 """
 

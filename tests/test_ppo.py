@@ -3,12 +3,25 @@ stage on tiny real models: it trains, logs finite losses, and a SIGKILLed run re
 
 from __future__ import annotations
 
+import csv
+import json
 import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
+from safetensors.torch import load_file
 
+from llmpipe.config import parse_params
+from llmpipe.modeling import build_model, load_tokenizer, save_model
 from llmpipe.rl.ppo import (
     RunningMeanStd,
     entropy_from_logits,
@@ -24,6 +37,9 @@ from llmpipe.rl.ppo import (
     value_loss,
     whiten,
 )
+from llmpipe.stages import ppo, prepare, tokenizer
+
+from conftest import ROOT, TINY_PARAMS
 
 
 def close(actual, expected, tol=1e-5):
@@ -181,3 +197,119 @@ def test_token_rewards_put_the_score_on_the_last_real_token():
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
     # -0.5 * kl on real tokens; the score (2, -1) added at index 2 and index 0: -0.15 + 2 = 1.85, -0.25 - 1 = -1.25
     close(token_rewards(torch.tensor([2.0, -1.0]), kl, mask, kl_coef=0.5), [[-0.05, -0.1, 1.85], [-1.25, 0.0, 0.0]])
+
+
+# ---- the stage on tiny real models ------------------------------------------------------------------------
+
+TINY_PPO = {"max_steps": 10, "save_steps": 2, "logging_steps": 2, "eval_steps": 5}
+
+
+def _params(output_root: Path, **ppo):
+    """Tiny params writing under `output_root`; inputs are read relative to the working directory."""
+    raw = yaml.safe_load(TINY_PARAMS)
+    raw["ppo"] = {**raw["ppo"], **ppo}
+    raw["paths"] = {"output_root": str(output_root)}
+    return parse_params(raw)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """Prepared data, a trained tokenizer, a tiny (untrained) models/sft and a one-label models/reward on its
+    backbone, and params.yaml (tiny, TINY_PPO steps) for `llm-train` run in this folder."""
+    from transformers import AutoModelForSequenceClassification
+
+    root = tmp_path_factory.mktemp("ppo")
+    params = _params(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        prepare.run(params)
+        tokenizer.run(params)
+        tok = load_tokenizer(params.paths.tokenizer)
+    sft = build_model(params.model, tok)
+    save_model(sft, tok, root / "models" / "sft")
+    # As TRL's RewardTrainer starts: the SFT backbone with a new one-label `score` head.
+    reward = AutoModelForSequenceClassification.from_pretrained(root / "models" / "sft", num_labels=1)
+    save_model(reward, tok, root / "models" / "reward")
+    raw = yaml.safe_load(TINY_PARAMS)
+    raw["ppo"] = {**raw["ppo"], **TINY_PPO}
+    (root / "params.yaml").write_text(yaml.safe_dump(raw))
+    return root
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_ppo_trains_logs_finite_losses_and_changes_every_parameter(workdir, tmp_path, monkeypatch):
+    monkeypatch.chdir(workdir)
+    metrics = ppo.run(_params(tmp_path))
+
+    assert metrics["steps"] == 4 and metrics["resumed_from_step"] == 0
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    rows = list(csv.DictReader((tmp_path / "logs" / "ppo" / "train.csv").open()))
+    assert [int(r["step"]) for r in rows] == [2, 4]
+    for column in ("loss", "policy_loss", "value_loss", "reward", "kl", "entropy", "clip_fraction", "approx_kl",
+                   "response_length", "tokens_per_s", "learning_rate"):
+        assert all(math.isfinite(float(r[column])) for r in rows), column
+    evals = list(csv.DictReader((tmp_path / "logs" / "ppo" / "eval.csv").open()))
+    assert [int(r["step"]) for r in evals] == [4] and math.isfinite(float(evals[0]["eval_reward"]))
+
+    before, after = _weights(workdir / "models" / "sft"), _weights(tmp_path / "models" / "ppo")
+    assert before.keys() == after.keys()
+    unchanged = [k for k in before if torch.equal(before[k], after[k])]
+    assert unchanged == [], f"policy parameters not trained: {unchanged}"
+    value_before = _weights(workdir / "models" / "reward")
+    (checkpoint,) = (tmp_path / "checkpoints" / "ppo").glob("*/checkpoint-4")
+    value_after = load_file(checkpoint / "model_1.safetensors")
+    unchanged = [k for k in value_before if k in value_after and torch.equal(value_before[k], value_after[k])]
+    assert unchanged == [], f"value parameters not trained: {unchanged}"
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "models" / "ppo")
+    assert model.config.vocab_size == len(load_tokenizer(tmp_path / "models" / "ppo"))
+
+
+def _llm_train(workdir: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "llmpipe.cli", "--task", "ppo"],
+        cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _history(run_root: Path) -> list[dict]:
+    (state,) = (run_root / "checkpoints" / "ppo").glob(f"*/checkpoint-{TINY_PPO['max_steps']}/trainer_state.json")
+    return json.loads(state.read_text())["history"]
+
+
+@pytest.mark.slow
+def test_killed_ppo_resumes_from_its_checkpoint_with_the_same_prompts(workdir, offline_env, tmp_path, monkeypatch):
+    """SIGKILL after the first checkpoint; the rerun resumes it, ends at max_steps, and every step saw the
+    prompts of an uninterrupted run of the same params."""
+    env = {**offline_env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), offline_env.get("PYTHONPATH")]))}
+    proc = _llm_train(workdir, env)
+    deadline = time.time() + 300
+    while not list((workdir / "checkpoints" / "ppo").glob("*/checkpoint-*/trainer_state.json")):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (workdir / "models" / "ppo").exists(), "killed before the end: no final model"
+
+    rerun = _llm_train(workdir, env)
+    out, _ = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, out
+    step = int(re.search(r"ppo: resuming from \S+ \(step (\d+)\)", out).group(1))
+    assert 0 < step < TINY_PPO["max_steps"]
+    metrics = json.loads((workdir / "metrics" / "ppo.json").read_text())
+    assert metrics["resumed_from_step"] == step and metrics["steps"] == TINY_PPO["max_steps"]
+    rows = list(csv.DictReader((workdir / "logs" / "ppo" / "train.csv").open()))
+    assert [int(r["step"]) for r in rows] == [2, 4, 6, 8, 10], "the log keeps the steps before the kill"
+
+    monkeypatch.chdir(workdir)
+    ppo.run(_params(tmp_path, **TINY_PPO))  # the same run, uninterrupted
+    resumed, uninterrupted = _history(workdir), _history(tmp_path)
+    assert [h["prompts"] for h in resumed] == [h["prompts"] for h in uninterrupted]
+    assert len({tuple(h["prompts"]) for h in resumed}) == TINY_PPO["max_steps"], "each step new prompts"

@@ -15,6 +15,7 @@ TASKS: dict[str, str] = {
     "pretrain": "Causal-LM pretraining of a Llama model on packed token blocks.",
     "sft": "Supervised fine-tuning on chat pairs (TRL SFTTrainer), loss on assistant turns.",
     "dpo": "Direct preference optimisation (TRL DPOTrainer) from the SFT model.",
+    "ppo": "PPO (llmpipe.rl.ppo on Accelerate) of the SFT/DPO model against the reward model and reward functions.",
     "evaluate": "lm-evaluation-harness on one model (--model NAME).",
     "report": "reports/report.md: every model × metric, task descriptions, stage wall times.",
 }
@@ -22,7 +23,7 @@ TASKS: dict[str, str] = {
 
 ALIASES: dict[str, str] = {"lm": "pretrain"}
 
-TRAINING_TASKS = ("pretrain", "sft", "dpo")
+TRAINING_TASKS = ("pretrain", "sft", "dpo", "ppo")
 
 
 def resolve(task: str) -> str:
