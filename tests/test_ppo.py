@@ -20,7 +20,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from llmpipe.config import parse_params
+from llmpipe.config import ParamsError, parse_params
 from llmpipe.modeling import build_model, load_tokenizer, save_model
 from llmpipe.rl.ppo import (
     RunningMeanStd,
@@ -38,6 +38,7 @@ from llmpipe.rl.ppo import (
     whiten,
 )
 from llmpipe.stages import ppo, prepare, tokenizer
+from llmpipe.stages.ppo import IndexStream
 
 from conftest import ROOT, TINY_PARAMS
 
@@ -242,15 +243,19 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_ppo_trains_logs_finite_losses_and_changes_every_parameter(workdir, tmp_path, monkeypatch):
+    """The non-default branches (k3, batch normalisation, clipping, reward whitening, eos penalty, ptx) here;
+    the resume test below runs the defaults."""
     monkeypatch.chdir(workdir)
-    metrics = ppo.run(_params(tmp_path))
+    knobs = {"kl_estimator": "k3", "normalize_method": "batch", "reward_clip": 2.0, "whiten_rewards": True,
+             "missing_eos_penalty": 1.0, "ptx_coef": 0.5}
+    metrics = ppo.run(_params(tmp_path, **knobs))
 
     assert metrics["steps"] == 4 and metrics["resumed_from_step"] == 0
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     rows = list(csv.DictReader((tmp_path / "logs" / "ppo" / "train.csv").open()))
     assert [int(r["step"]) for r in rows] == [2, 4]
-    for column in ("loss", "policy_loss", "value_loss", "reward", "kl", "entropy", "clip_fraction", "approx_kl",
-                   "response_length", "tokens_per_s", "learning_rate"):
+    for column in ("loss", "policy_loss", "value_loss", "ptx_loss", "reward", "kl", "entropy", "clip_fraction",
+                   "approx_kl", "response_length", "tokens_per_s", "learning_rate"):
         assert all(math.isfinite(float(r[column])) for r in rows), column
     evals = list(csv.DictReader((tmp_path / "logs" / "ppo" / "eval.csv").open()))
     assert [int(r["step"]) for r in evals] == [4] and math.isfinite(float(evals[0]["eval_reward"]))
@@ -313,3 +318,34 @@ def test_killed_ppo_resumes_from_its_checkpoint_with_the_same_prompts(workdir, o
     resumed, uninterrupted = _history(workdir), _history(tmp_path)
     assert [h["prompts"] for h in resumed] == [h["prompts"] for h in uninterrupted]
     assert len({tuple(h["prompts"]) for h in resumed}) == TINY_PPO["max_steps"], "each step new prompts"
+
+
+# ---- params ----------------------------------------------------------------------------------------------
+
+def test_ppo_params_inherit_train_and_reject_mistakes_by_key():
+    params = parse_params({"train": {"lr": 5e-4, "seed": 7}, "ppo": {"kl_coef": 0.1}})
+    assert params.ppo.seed == 7 and params.ppo.lr == 5e-4 and params.ppo.kl_coef == 0.1
+    with pytest.raises(ParamsError, match=r"ppo\.kl_estimator"):
+        parse_params({"ppo": {"kl_estimator": "k2"}})
+    with pytest.raises(ParamsError, match=r"ppo\.normalize_method"):
+        parse_params({"ppo": {"normalize_method": "ema"}})
+    with pytest.raises(ParamsError, match=r"ppo\.rewards\.0.*unknown reward 'parses'"):
+        parse_params({"ppo": {"rewards": [{"name": "parses"}]}})
+    with pytest.raises(ParamsError, match=r"ppo\.generation\.tempreature: unknown key; did you mean 'temperature'"):
+        parse_params({"ppo": {"generation": {"tempreature": 0.7}}})
+    with pytest.raises(ParamsError, match="ppo has no reward"):
+        parse_params({"ppo": {"reward_model": False, "rewards": []}})
+    with pytest.raises(ParamsError, match=r"ppo\.generation\.max_new_tokens \(256\) leaves no room"):
+        parse_params({"ppo": {"max_length": 256, "generation": {"max_new_tokens": 256}}})
+
+
+def test_index_stream_resumes_the_same_sequence_across_epochs():
+    whole = IndexStream(5, seed=3)
+    expected = [whole.take(3) for _ in range(4)]  # 12 indices: crosses two epoch boundaries
+    assert sorted(expected[0] + expected[1][:2]) == list(range(5)), "each epoch is a permutation"
+    first = IndexStream(5, seed=3)
+    got = [first.take(3), first.take(3)]
+    resumed = IndexStream(5, seed=3)
+    resumed.load_state_dict(first.state_dict())
+    got += [resumed.take(3), resumed.take(3)]
+    assert got == expected

@@ -54,16 +54,22 @@ from llmpipe.rl.ppo import (
     value_loss,
     whiten,
 )
+from llmpipe.stages.pretrain import pack
 from llmpipe.training import checkpoint_dir, last_checkpoint, resolve_precision, training_kwargs, write_plots
 
 log = logging.getLogger(__name__)
 
-TRAIN_COLUMNS = (
+LOG_COLUMNS = (
     "step", "epoch", "loss", "reward", "reward_std", "kl", "entropy", "policy_loss", "value_loss", "ptx_loss",
     "clip_fraction", "value_clip_fraction", "approx_kl", "response_length", "eos_fraction", "tokens_per_s",
     "learning_rate", "grad_norm",
 )  # fmt: skip
 """Columns of ``logs/ppo/train.csv`` (means over the `logging_steps` window)."""
+
+
+def prompts_per_step(cfg: PPOParams) -> int:
+    """The rollout batch: micro-batch × gradient accumulation × mini-batches (TRL's PPOTrainer sizes)."""
+    return cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.num_mini_batches
 
 
 @dataclass(frozen=True)
@@ -221,12 +227,14 @@ class PPORun:
     ptx_stream: IndexStream | None = None
 
     @property
-    def rollout_batch_size(self) -> int:
-        return self.mini_batch_size * self.cfg.num_mini_batches
+    def mini_batch_size(self) -> int:
+        """Sequences per optimizer step."""
+        return self.cfg.per_device_train_batch_size * self.cfg.gradient_accumulation_steps
 
     @property
-    def mini_batch_size(self) -> int:
-        return self.cfg.per_device_train_batch_size * self.cfg.gradient_accumulation_steps
+    def rollout_batch_size(self) -> int:
+        """Prompts per PPO step."""
+        return prompts_per_step(self.cfg)
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]]) -> Batch:
@@ -310,7 +318,9 @@ class PPORun:
                 parts["ref_logprobs"].append(logprobs_from_logits(ref_logits, batch.responses[s]))
                 hidden = hidden_states(self.value_model, ids, am)[:, -batch.response_len - 1 : -1]
                 parts["values"].append(self.value_model.score(hidden).squeeze(-1).float())
-        logp, ref_logp, entropy, values = (torch.cat(parts[k]) for k in ("logprobs", "ref_logprobs", "entropy", "values"))
+        logp, ref_logp, entropy, values = (
+            torch.cat(parts[k]) for k in ("logprobs", "ref_logprobs", "entropy", "values")
+        )
         mask = batch.mask
         kl = KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp) * mask
         method = cfg.normalize_method if cfg.normalize_rewards else "none"
@@ -416,7 +426,10 @@ class PPORun:
                 batch = self.generate(self.valid.ids[s])
                 scores.append(self.score(batch, self.valid.texts[s], self.valid.names[s]))
                 lengths.append(batch.mask.sum(1).float())
-        return {"eval_reward": torch.cat(scores).mean().item(), "eval_response_length": torch.cat(lengths).mean().item()}
+        return {
+            "eval_reward": torch.cat(scores).mean().item(),
+            "eval_response_length": torch.cat(lengths).mean().item(),
+        }
 
 
 def _optimizer(params: Params, run_dir: Path, models: list) -> torch.optim.Optimizer:
@@ -433,10 +446,11 @@ def _optimizer(params: Params, run_dir: Path, models: list) -> torch.optim.Optim
     return cls(groups, **kwargs)
 
 
-def _total_steps(cfg: PPOParams, num_prompts: int, rollout_batch_size: int) -> int:
+def _total_steps(cfg: PPOParams, num_prompts: int) -> int:
+    """`max_steps`, or as many PPO steps as `num_train_epochs` passes over the prompts take."""
     if cfg.max_steps > 0:
         return cfg.max_steps
-    return max(1, math.ceil(cfg.num_train_epochs * num_prompts / rollout_batch_size))
+    return max(1, math.ceil(cfg.num_train_epochs * num_prompts / prompts_per_step(cfg)))
 
 
 def _pooled(rows: list[dict[str, Any]], n: int) -> tuple[float, float]:
@@ -450,7 +464,7 @@ def _pooled(rows: list[dict[str, Any]], n: int) -> tuple[float, float]:
 
 
 def _window_record(history: list[dict[str, Any]], step: int, steps_per_epoch: float) -> dict[str, Any]:
-    keys = [k for k in TRAIN_COLUMNS if k in history[-1] and k != "step"]
+    keys = [k for k in LOG_COLUMNS if k in history[-1] and k != "step"]
     record = {k: sum(r[k] for r in history) / len(history) for k in keys}
     return {"step": step, "epoch": round(step / steps_per_epoch, 4), **record}
 
@@ -481,51 +495,33 @@ def _summary(history: list[dict[str, Any]], rollout_batch_size: int) -> dict[str
     }
 
 
-def run(params: Params) -> dict[str, float]:
-    """PPO-train models/<policy> against models/reward and/or reward functions; save models/ppo.
+def _build(params: Params, tokenizer, train: Prompts, valid: Prompts, run_dir: Path) -> tuple[PPORun, int]:
+    """Models, optimizer and schedule on an `Accelerator`, and the checkpointed state objects registered.
 
     Returns:
-        ``reward_first``/``reward_last`` (mean raw score over the first/last 10% of steps) with their standard
-        errors ``*_se``, ``kl_final`` (summed per-token KL to the reference, last step), ``response_length_first``
-        / ``_last`` (tokens), ``eval_reward`` (validation prompts, final policy), ``steps``,
-        ``resumed_from_step`` (0 for a fresh run), ``num_parameters`` (policy).
-
-    Raises:
-        UserError: Missing inputs, no prompt fits the token budget, or a multi-process/compiled setup
-            (not supported by this stage yet).
+        The run and its number of PPO steps.
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from torch.utils.tensorboard import SummaryWriter
     from transformers import get_scheduler
 
     cfg, paths = params.ppo, params.paths
-    if params.distributed.num_processes > 1 or params.distributed.strategy != "none":
-        raise UserError("ppo runs in one process: set distributed.strategy to none and distributed.num_processes to 1")
-    if params.distributed.torch_compile:
-        raise UserError("ppo does not support distributed.torch_compile yet; set it to false")
-    data = Path(paths.data, "sft")
-    policy_dir, reward_dir = Path(paths.models, cfg.policy), Path(paths.models, "reward")
-    tokenizer = load_tokenizer(paths.tokenizer)
-    budget = cfg.max_length - cfg.generation.max_new_tokens
-    train = load_prompts(data / "train.jsonl", tokenizer, budget, cfg.num_samples)
-    valid = load_prompts(data / "validation.jsonl", tokenizer, budget, cfg.max_eval_samples)
-    inputs = [data, Path(paths.tokenizer), policy_dir, reward_dir]
-    if cfg.ptx_coef > 0:
-        inputs.append(Path(paths.data, "pretrain"))
-    run_dir = checkpoint_dir(params, "ppo", inputs)
-
     set_seed(cfg.seed)
+    policy_dir = Path(paths.models, cfg.policy)
     missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
     policy, ref_policy = load_model(policy_dir, missing), load_model(policy_dir, missing)
-    value_model = load_value_model(reward_dir)
-    reward_model = load_value_model(reward_dir) if cfg.reward_model else None
+    if cfg.max_length > policy.config.max_position_embeddings:
+        raise UserError(
+            f"ppo.max_length ({cfg.max_length}) exceeds the max_position_embeddings of {policy_dir} "
+            f"({policy.config.max_position_embeddings}); lower it"
+        )
+    value_model = load_value_model(Path(paths.models, "reward"))
+    reward_model = load_value_model(Path(paths.models, "reward")) if cfg.reward_model else None
     if params.distributed.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         value_model.gradient_checkpointing_enable()
     optimizer = _optimizer(params, run_dir, [policy, value_model])  # before the Accelerator: it resets its state
-    rollout_batch_size = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.num_mini_batches
-    total_steps = _total_steps(cfg, len(train.ids), rollout_batch_size)
+    total_steps = _total_steps(cfg, len(train.ids))
     scheduler = get_scheduler(cfg.lr_scheduler_type, optimizer, cfg.warmup_steps, total_steps)
 
     bf16, fp16 = resolve_precision(cfg.precision)
@@ -535,7 +531,6 @@ def run(params: Params) -> dict[str, float]:
         if frozen is not None:
             frozen.eval().requires_grad_(False).to(accelerator.device)
     policy, value_model, optimizer, scheduler = accelerator.prepare(policy, value_model, optimizer, scheduler)
-
     run = PPORun(
         cfg=cfg, accelerator=accelerator, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy,
         value_model=value_model, reward_model=reward_model, optimizer=optimizer, scheduler=scheduler,
@@ -543,25 +538,17 @@ def run(params: Params) -> dict[str, float]:
     )  # fmt: skip
     accelerator.register_for_checkpointing(run.stream, run.running)
     if cfg.ptx_coef > 0:
-        from llmpipe.stages.pretrain import pack
-
         run.ptx_blocks = pack(Path(paths.data, "pretrain", "train.jsonl"), tokenizer, cfg.max_length)
         run.ptx_stream = IndexStream(len(run.ptx_blocks), cfg.seed)
         accelerator.register_for_checkpointing(run.ptx_stream)
+    return run, total_steps
 
-    state: dict[str, Any] = {"step": 0, "history": [], "log_history": []}
-    resume = last_checkpoint(run_dir)
-    if resume:
-        accelerator.load_state(str(resume))
-        state = json.loads((resume / "trainer_state.json").read_text())
-        log.info("ppo: resuming from %s (step %d)", resume, state["step"])
-    else:
-        log.info("ppo: fresh run in %s", run_dir)
-    resumed_step = state["step"]
-    steps_per_epoch = len(train.ids) / rollout_batch_size
-    tensorboard = SummaryWriter(log_dir=str(paths.out(paths.logs, "ppo", "tensorboard")))
-    log.info("ppo: %d steps of %d prompts, %.2f M policy parameters", total_steps, rollout_batch_size,
-             count_parameters(policy) / 1e6)  # fmt: skip
+
+def _train(run: PPORun, state: dict[str, Any], total_steps: int, run_dir: Path, tensorboard) -> None:
+    """PPO steps from ``state["step"]`` to `total_steps`: log every `logging_steps` (window means), evaluate
+    every `eval_steps`, checkpoint every `save_steps`, and all three at the last step."""
+    cfg = run.cfg
+    steps_per_epoch = len(run.train.ids) / run.rollout_batch_size
     while state["step"] < total_steps:
         state["history"].append(run.step())
         state["step"] += 1
@@ -574,22 +561,67 @@ def run(params: Params) -> dict[str, float]:
             records.append({"step": step, "epoch": round(step / steps_per_epoch, 4), **run.evaluate()})
         for record in records:
             state["log_history"].append(record)
-            log.info("ppo step %d/%d: %s", step, total_steps,
-                     ", ".join(f"{k} {v:.4g}" for k, v in record.items() if k not in ("step", "epoch")))  # fmt: skip
-            for k, v in record.items():
-                if k not in ("step", "epoch"):
-                    tensorboard.add_scalar(f"{'eval' if k.startswith('eval_') else 'train'}/{k}", v, step)
+            values = {k: v for k, v in record.items() if k not in ("step", "epoch")}
+            log.info("ppo step %d/%d: %s", step, total_steps, ", ".join(f"{k} {v:.4g}" for k, v in values.items()))
+            for k, v in values.items():
+                tensorboard.add_scalar(f"{'eval' if k.startswith('eval_') else 'train'}/{k}", v, step)
         if step % cfg.save_steps == 0 or step == total_steps:
             _save_checkpoint(run, run_dir, state, cfg.save_total_limit)
+
+
+def run(params: Params) -> dict[str, float]:
+    """PPO-train models/<policy> against models/reward and/or reward functions; save models/ppo.
+
+    Returns:
+        ``reward_first``/``reward_last`` (mean raw score over the first/last 10% of steps) with their standard
+        errors ``*_se``, ``kl_final`` (summed per-token KL to the reference, last step), ``response_length_first``
+        / ``_last`` (tokens), ``eval_reward`` (validation prompts, final policy), ``steps``,
+        ``resumed_from_step`` (0 for a fresh run), ``num_parameters`` (policy).
+
+    Raises:
+        UserError: Missing inputs, no prompt fits the token budget, a too long `max_length`, or a
+            multi-process/compiled setup (not supported by this stage yet).
+    """
+    from torch.utils.tensorboard import SummaryWriter
+
+    cfg, paths = params.ppo, params.paths
+    if params.distributed.num_processes > 1 or params.distributed.strategy != "none":
+        raise UserError("ppo runs in one process: set distributed.strategy to none and distributed.num_processes to 1")
+    if params.distributed.torch_compile:
+        raise UserError("ppo does not support distributed.torch_compile yet; set it to false")
+    data = Path(paths.data, "sft")
+    tokenizer = load_tokenizer(paths.tokenizer)
+    budget = cfg.max_length - cfg.generation.max_new_tokens
+    train = load_prompts(data / "train.jsonl", tokenizer, budget, cfg.num_samples)
+    valid = load_prompts(data / "validation.jsonl", tokenizer, budget, cfg.max_eval_samples)
+    inputs = [data, Path(paths.tokenizer), Path(paths.models, cfg.policy), Path(paths.models, "reward")]
+    if cfg.ptx_coef > 0:
+        inputs.append(Path(paths.data, "pretrain"))
+    run_dir = checkpoint_dir(params, "ppo", inputs)
+    ppo, total_steps = _build(params, tokenizer, train, valid, run_dir)
+
+    state: dict[str, Any] = {"step": 0, "history": [], "log_history": []}
+    resume = last_checkpoint(run_dir)
+    if resume:
+        ppo.accelerator.load_state(str(resume))
+        state = json.loads((resume / "trainer_state.json").read_text())
+        log.info("ppo: resuming from %s (step %d)", resume, state["step"])
+    else:
+        log.info("ppo: fresh run in %s", run_dir)
+    resumed_step = state["step"]
+    log.info("ppo: %d steps of %d prompts, %.2f M policy parameters", total_steps, ppo.rollout_batch_size,
+             count_parameters(ppo.policy) / 1e6)  # fmt: skip
+    tensorboard = SummaryWriter(log_dir=str(paths.out(paths.logs, "ppo", "tensorboard")))
+    _train(ppo, state, total_steps, run_dir, tensorboard)
     tensorboard.close()
 
-    save_model(accelerator.unwrap_model(policy), tokenizer, paths.out(paths.models, "ppo"))
-    write_plots(state["log_history"], paths.out(paths.logs, "ppo"), TRAIN_COLUMNS)
+    save_model(ppo.accelerator.unwrap_model(ppo.policy), tokenizer, paths.out(paths.models, "ppo"))
+    write_plots(state["log_history"], paths.out(paths.logs, "ppo"), LOG_COLUMNS)
     evals = [r for r in state["log_history"] if "eval_reward" in r]
     return {
-        **_summary(state["history"], rollout_batch_size),
+        **_summary(state["history"], ppo.rollout_batch_size),
         "eval_reward": round(evals[-1]["eval_reward"], 5),
         "steps": state["step"],
         "resumed_from_step": resumed_step,
-        "num_parameters": count_parameters(policy),
+        "num_parameters": count_parameters(ppo.policy),
     }
