@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 import torch
+from pydantic import ValidationError
 
-from llmpipe.config import RewardSpec
+from llmpipe.config import RewardName, RewardSpec
 from llmpipe.rewards import REWARDS, compute_rewards, is_trivial_completion, trl_reward_functions
 
 PROMPT = 'def add(a, b, *, scale=1):\n    """Return (a + b) * scale."""'
@@ -61,6 +64,10 @@ def test_trl_adapter_reads_conversations_and_names_functions():
     assert weights == [2.0]
 
 
-def test_unknown_reward_name_lists_the_available_ones():
-    with pytest.raises(Exception, match="unknown reward 'python_parse'; did you mean 'python_parses'.*available"):
+def test_params_know_exactly_the_registered_rewards():
+    assert set(get_args(RewardName)) == set(REWARDS)
+
+
+def test_unknown_reward_name_is_an_error_listing_the_available_ones():
+    with pytest.raises(ValidationError, match=r"name\n.*'python_parses'.*'parsable_prefix'"):
         RewardSpec(name="python_parse")
