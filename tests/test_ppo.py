@@ -329,7 +329,7 @@ def test_ppo_params_inherit_train_and_reject_mistakes_by_key():
         parse_params({"ppo": {"kl_estimator": "k2"}})
     with pytest.raises(ParamsError, match=r"ppo\.normalize_method"):
         parse_params({"ppo": {"normalize_method": "ema"}})
-    with pytest.raises(ParamsError, match=r"ppo\.rewards\.0.*unknown reward 'parses'"):
+    with pytest.raises(ParamsError, match=r"ppo\.rewards\.0\.name: Input should be 'python_parses'"):
         parse_params({"ppo": {"rewards": [{"name": "parses"}]}})
     with pytest.raises(ParamsError, match=r"ppo\.generation\.tempreature: unknown key; did you mean 'temperature'"):
         parse_params({"ppo": {"generation": {"tempreature": 0.7}}})
