@@ -2,7 +2,7 @@
 
 Every section is a pydantic v2 model with ``extra="forbid"``, so a mistyped key is an error that
 names the key path and, where one is close, the key that was meant. The ``train`` section holds
-training defaults; each training stage section (``pretrain``, ``sft``, ``dpo``) may override any of
+training defaults; each training stage section (``pretrain``, ``sft``, ``reward``, ``dpo``) may override any of
 them and adds its own keys. :func:`load_params` merges ``train`` under each stage section before
 validation, so ``params.sft.lr`` is the value SFT really uses.
 """
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from llmpipe.errors import UserError
 
-STAGE_SECTIONS = ("pretrain", "sft", "dpo")
+STAGE_SECTIONS = ("pretrain", "sft", "reward", "dpo")
 """Training stages whose sections inherit the ``train`` defaults."""
 
 BUDGET_KEYS = frozenset({"max_steps", "num_train_epochs"})
@@ -218,6 +218,21 @@ class SFTParams(TrainParams):
     packing: bool = Field(False, description="Pack several conversations into one sequence.")
 
 
+class RewardParams(TrainParams):
+    """`reward`: TRL RewardTrainer from models/sft on preference pairs → a scalar reward model.
+
+    The pairwise (Bradley-Terry) loss ``-log σ(r(x, y_chosen) - r(x, y_rejected) - margin)`` of Ouyang et al.
+    2022 (InstructGPT), on a new one-output score head over the SFT model's last token. Pairs longer than
+    `max_length` tokens are left out of training (TRL filters them).
+    """
+
+    center_rewards_coefficient: float | None = Field(
+        None,
+        ge=0,
+        description="Weight of the mean-zero penalty E[(r_chosen + r_rejected)^2] (Eisenstein et al. 2023); null = off.",
+    )
+
+
 DPOLossType = Literal[
     "sigmoid",
     "hinge",
@@ -318,6 +333,7 @@ class Params(_Section):
     train: TrainParams = TrainParams()
     pretrain: PretrainParams = PretrainParams()
     sft: SFTParams = SFTParams()
+    reward: RewardParams = RewardParams()
     dpo: DPOParams = DPOParams()
     distributed: DistributedParams = DistributedParams()
     eval: EvalParams = EvalParams()

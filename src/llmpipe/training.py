@@ -60,7 +60,7 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
 
     Args:
         params: Validated params.
-        stage: A training stage section name (`pretrain`, `sft`, `dpo`).
+        stage: A training stage section name (one of `config.STAGE_SECTIONS`).
         output_dir: The run's checkpoint folder.
 
     Returns:

@@ -14,6 +14,7 @@ TASKS: dict[str, str] = {
     "baseline": "Save an untrained (random-init) model of the configured shape: the evaluation baseline.",
     "pretrain": "Causal-LM pretraining of a Llama model on packed token blocks.",
     "sft": "Supervised fine-tuning on chat pairs (TRL SFTTrainer), loss on assistant turns.",
+    "reward": "Reward model (TRL RewardTrainer) from the SFT model on preference pairs; held-out pairwise accuracy.",
     "dpo": "Direct preference optimisation (TRL DPOTrainer) from the SFT model.",
     "evaluate": "lm-evaluation-harness on one model (--model NAME).",
     "report": "reports/report.md: every model × metric, task descriptions, stage wall times.",
@@ -22,7 +23,7 @@ TASKS: dict[str, str] = {
 
 ALIASES: dict[str, str] = {"lm": "pretrain"}
 
-TRAINING_TASKS = ("pretrain", "sft", "dpo")
+TRAINING_TASKS = ("pretrain", "sft", "reward", "dpo")
 
 
 def resolve(task: str) -> str:
