@@ -21,7 +21,9 @@ import yaml
 from llmpipe import cli
 from llmpipe.config import ModelParams, parse_params
 from llmpipe.errors import UserError
+from llmpipe.data.corrupt import CORRUPTIONS
 from llmpipe.evaluation.harness import flatten
+from llmpipe.evaluation.hooks import generation_score, preference_accuracy
 from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks
 from llmpipe.io import write_jsonl
 from llmpipe.modeling import build_model, load_tokenizer, save_model
@@ -31,13 +33,15 @@ from llmpipe.stages.tokenizer import train_bpe
 SRC = Path(__file__).resolve().parents[1] / "src"
 TINY_MODEL = ModelParams(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                          intermediate_size=64, max_position_embeddings=256)
-EVAL = {"models": ["tiny"], "limit": 3, "batch_size": 4, "max_length": 128}
+EVAL = {"models": ["tiny"], "limit": 3, "batch_size": 4, "max_length": 128, "max_new_tokens": 16}
 EXPECTED_KEYS = {
     "llmpipe_perplexity.bits_per_byte", "llmpipe_perplexity.byte_perplexity", "llmpipe_perplexity.word_perplexity",
     "llmpipe_signature_mc.acc", "llmpipe_signature_mc.acc_norm",
     "llmpipe_sft_chat.bits_per_byte", "llmpipe_sft_chat.acc",
     "llmpipe_sft_plain.bits_per_byte", "llmpipe_sft_plain.acc",
     "llmpipe_preference.acc", "llmpipe_preference.acc_norm",
+    *(f"llmpipe_preference.{m}_{kind}" for m in ("acc", "acc_norm") for kind in ("swap", "truncate", "syntax")),
+    "llmpipe_generation.score", "llmpipe_generation.parses", "llmpipe_generation.trivial",
 }  # fmt: skip
 
 FUNCTIONS = [
@@ -67,7 +71,7 @@ def write_eval_sets(eval_dir: Path, signature_mc: bool = True) -> None:
                     "name": sig[4:].split("(")[0], "source": "tiny.py"})
         pref.append({"prompt": [{"role": "user", "content": prompt}],
                      "chosen": [{"role": "assistant", "content": body}],
-                     "rejected": [{"role": "assistant", "content": other}], "corruption": "swap"})
+                     "rejected": [{"role": "assistant", "content": other}], "corruption": CORRUPTIONS[i % 3]})
         mc.append({"query": doc, "choices": [f[0] for f in FUNCTIONS], "label": i, "name": sig})
     write_jsonl(eval_dir / "sft.jsonl", sft)
     write_jsonl(eval_dir / "preference.jsonl", pref)
@@ -125,7 +129,7 @@ def test_evaluate_reports_every_metric_finite(cli_metrics):
 def test_rendered_tasks_use_absolute_paths_and_the_models_chat_format(tiny_root, tmp_path, monkeypatch):
     tok = load_tokenizer(tiny_root / "models" / "tiny")
     monkeypatch.chdir(tmp_path)  # relative inputs, to prove the YAMLs do not depend on the cwd
-    counts = render_tasks(list(LOCAL_TASKS), os.path.relpath(tiny_root / "data" / "eval"), tok, "work", 4096)
+    counts = render_tasks(list(LOCAL_TASKS), os.path.relpath(tiny_root / "data" / "eval"), tok, "work", 4096, 16)
     assert counts == {name: (4, 0) for name in LOCAL_TASKS}
     for name in LOCAL_TASKS:
         text = (tmp_path / "work" / f"{name}.yaml").read_text()
@@ -167,7 +171,7 @@ def test_empty_signature_mc_is_skipped_and_said(tmp_path):
     tok.save_pretrained(tmp_path / "models" / "tiny")
     assert evaluate.run(params, model="tiny") == {"llmpipe_signature_mc.num_docs": 0,
                                                   "llmpipe_signature_mc.num_too_long": 0}
-    assert render_tasks(["llmpipe_signature_mc"], tmp_path / "data" / "eval", tok, tmp_path / "w", 64) == {
+    assert render_tasks(["llmpipe_signature_mc"], tmp_path / "data" / "eval", tok, tmp_path / "w", 64, 16) == {
         "llmpipe_signature_mc": (0, 0)}
     assert not list((tmp_path / "w").iterdir())
 
@@ -182,8 +186,24 @@ def test_documents_longer_than_the_context_are_left_out_and_counted(tiny_root, t
         text = tok.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=False)
         lengths.append(len(tok(text + messages[1]["content"] + tok.eos_token, add_special_tokens=False)["input_ids"]))
     cut = sorted(lengths)[len(lengths) // 2]
-    kept, left_out = render_tasks(["llmpipe_sft_chat"], eval_dir, tok, tmp_path / "w", cut)["llmpipe_sft_chat"]
+    kept, left_out = render_tasks(["llmpipe_sft_chat"], eval_dir, tok, tmp_path / "w", cut, 16)["llmpipe_sft_chat"]
     assert kept == sum(n <= cut for n in lengths) and left_out == sum(n > cut for n in lengths) > 0
+
+
+def test_preference_hook_scores_summed_and_per_character_by_corruption():
+    # chosen: 20 chars, -10 nats (-0.5/char); rejected: its 5-char prefix, -4 nats (-0.8/char).
+    doc = {"choices": ["x" * 20, "x" * 5], "label": 0, "corruption": "truncate"}
+    got = preference_accuracy(doc, [(-10.0, False), (-4.0, False)])
+    assert got == {"acc": 0.0, "acc_norm": 1.0, "acc_truncate": 0.0, "acc_norm_truncate": 1.0}
+    assert preference_accuracy({**doc, "corruption": None}, [(-3.0, False), (-4.0, False)]) == {"acc": 1.0,
+                                                                                                "acc_norm": 1.0}
+
+
+def test_generation_hook_scores_parse_definition_and_trivial_bodies():
+    doc = {"prompt": 'def add(a, b):\n    """Sum."""', "name": "add"}
+    assert generation_score(doc, ["    return a + b"]) == {"score": 1.0, "parses": 1.0, "trivial": 0.0}
+    assert generation_score(doc, ["    pass"]) == {"score": 0.0, "parses": 1.0, "trivial": 1.0}
+    assert generation_score(doc, ["    return (a +"]) == {"score": 0.0, "parses": 0.0, "trivial": 0.0}
 
 
 @pytest.mark.parametrize("bad", ["llmpipe_perplexty", "no_such_task_anywhere"])
@@ -230,11 +250,11 @@ def test_lm_eval_command_runs_our_tasks_on_a_saved_model(tiny_root, tmp_path):
     with our rendered tasks (including a `process_results` hook imported in the new process)."""
     work = tmp_path / "tasks"
     render_tasks(list(LOCAL_TASKS), tiny_root / "data" / "eval", load_tokenizer(tiny_root / "models" / "tiny"), work,
-                 4096)
+                 4096, 16)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-           f"pretrained={tiny_root / 'models' / 'tiny'}", "--tasks", "llmpipe_perplexity,llmpipe_sft_chat",
+           f"pretrained={tiny_root / 'models' / 'tiny'}", "--tasks", "llmpipe_perplexity,llmpipe_sft_chat,llmpipe_generation",
            "--include_path", str(work), "--limit", "2", "--device", "cpu", "--output_path", str(tmp_path / "out")]
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -242,6 +262,7 @@ def test_lm_eval_command_runs_our_tasks_on_a_saved_model(tiny_root, tmp_path):
     results = json.loads(result_file.read_text())["results"]
     assert results["llmpipe_perplexity"]["bits_per_byte,none"] > 0
     assert results["llmpipe_sft_chat"]["bits_per_byte,none"] > 0
+    assert 0 <= results["llmpipe_generation"]["parses,none"] <= 1
 
 
 # --- report ------------------------------------------------------------------------------------------------
@@ -259,8 +280,8 @@ def write_metrics(root: Path, evals: dict[str, dict[str, float]]) -> None:
 
 def model_metrics(bpb: float, chat: float, plain: float, pref: float, wall: float) -> dict[str, float]:
     return {"llmpipe_perplexity.bits_per_byte": bpb, "llmpipe_sft_chat.bits_per_byte": chat,
-            "llmpipe_sft_plain.bits_per_byte": plain, "llmpipe_preference.acc": pref,
-            "llmpipe_preference.acc_stderr": 0.03, "llmpipe_sft_chat.num_docs": 200, "llmpipe_signature_mc.num_docs": 0,
+            "llmpipe_sft_plain.bits_per_byte": plain, "llmpipe_preference.acc_norm": pref,
+            "llmpipe_preference.acc_norm_stderr": 0.03, "llmpipe_sft_chat.num_docs": 200, "llmpipe_signature_mc.num_docs": 0,
             "wall_time_s": wall}
 
 
@@ -274,15 +295,15 @@ def test_report_passing(tmp_path):
     _, params = make_params(tmp_path, models=["baseline", "pretrain", "sft", "dpo"])
     metrics = report.run(params)
     assert metrics == {"check_pretrain_bpb_ratio": 0.5, "check_sft_chat_bpb_delta": -0.5,
-                       "check_dpo_preference_acc_delta": pytest.approx(0.15), "num_checks": 3, "num_checks_passed": 3}
+                       "check_dpo_preference_acc_norm_delta": pytest.approx(0.15), "num_checks": 3, "num_checks_passed": 3}
     text = (tmp_path / "reports" / "report.md").read_text()
     lines = text.splitlines()
-    header = next(line for line in lines if line.startswith("| model |"))
-    assert "llmpipe_perplexity.bits_per_byte ↓" in header and "llmpipe_preference.acc ↑" in header
-    results = lines[lines.index("## Results"):lines.index("## Tasks")]
-    rows = [line.split(" | ")[0].strip("| ") for line in results[6:] if line.startswith("|")]
+    perplexity = lines[lines.index("### llmpipe_perplexity"):lines.index("### llmpipe_sft_chat")]
+    assert perplexity[2] == "| model | bits_per_byte ↓ |"
+    rows = [line.split(" | ")[0].strip("| ") for line in perplexity[4:] if line.startswith("|")]
     assert rows == ["baseline", "pretrain", "sft", "dpo"]  # eval.models order
-    assert "| baseline | 4 | 4 | 4.1 | 0.3 |" in text
+    assert "| baseline | 4 |" in perplexity and "| dpo | 0.7 |" in text
+    assert "### llmpipe_signature_mc" not in text  # no numbers for it
     checks = [line for line in lines if line.startswith("- ✓") or line.startswith("- ✗")]
     assert len(checks) == 3 and all(line.startswith("- ✓") for line in checks)
     assert "plain format: pretrain 1.6000 → sft 1.4000" in text
@@ -300,7 +321,7 @@ def test_report_failing_and_skipped(tmp_path):
     _, params = make_params(tmp_path, models=["baseline", "pretrain", "sft"])
     metrics = report.run(params)
     assert metrics["check_pretrain_bpb_ratio"] == 0.8 and metrics["check_sft_chat_bpb_delta"] == pytest.approx(0.1)
-    assert "check_dpo_preference_acc_delta" not in metrics
+    assert "check_dpo_preference_acc_norm_delta" not in metrics
     assert (metrics["num_checks"], metrics["num_checks_passed"]) == (2, 0)
     lines = (tmp_path / "reports" / "report.md").read_text().splitlines()
     assert sum(line.startswith("- ✗") for line in lines) == 2

@@ -272,6 +272,30 @@ class DPOParams(TrainParams):
         return self
 
 
+class GenerationParams(_Section):
+    """Sampling of completions by the RL stages (ppo, grpo): `transformers.GenerationConfig` names."""
+
+    max_new_tokens: int = Field(64, gt=0, description="Tokens generated per completion at most.")
+    temperature: float = Field(1.0, gt=0, description="Softmax temperature of sampling.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
+    top_k: int = Field(0, ge=0, description="Sample among the k most likely tokens (0 = off).")
+    min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens below min_p × the top probability.")
+    repetition_penalty: float = Field(1.0, gt=0, description="CTRL repetition penalty (1 = off).")
+    suppress_tokens: list[int] = Field([], description="Token ids never generated.")
+
+
+RewardName = Literal["python_parses", "defines_function", "uses_arguments", "parsable_prefix"]
+"""The keys of `llmpipe.rewards.REWARDS` (a test keeps the two equal). Spelled out here rather than imported,
+so that validating params does not import the reward code and editing it reruns only the stages that use it."""
+
+
+class RewardSpec(_Section):
+    """One named reward function of `llmpipe.rewards.REWARDS` and its weight in the summed reward."""
+
+    name: RewardName = Field(description="A reward function of llmpipe.rewards.REWARDS.")
+    weight: float = Field(1.0, description="Multiplier of this reward in the sum.")
+
+
 class DistributedParams(_Section):
     """How training is spread over devices (Accelerate)."""
 
@@ -281,7 +305,14 @@ class DistributedParams(_Section):
     torch_compile: bool = Field(False, description="Compile the model with torch.compile.")
 
 
-EVAL_TASKS = ("llmpipe_perplexity", "llmpipe_signature_mc", "llmpipe_sft_chat", "llmpipe_sft_plain", "llmpipe_preference")
+EVAL_TASKS = (
+    "llmpipe_perplexity",
+    "llmpipe_signature_mc",
+    "llmpipe_sft_chat",
+    "llmpipe_sft_plain",
+    "llmpipe_preference",
+    "llmpipe_generation",
+)
 
 
 class EvalParams(_Section):
@@ -294,6 +325,7 @@ class EvalParams(_Section):
     limit: int | None = Field(200, gt=0, description="Documents per task (None = all).")
     batch_size: int = Field(16, gt=0, description="lm-eval batch size.")
     max_length: int = Field(512, gt=0, description="Context window in tokens for scoring.")
+    max_new_tokens: int = Field(128, gt=0, description="Tokens the generation task may generate (greedy).")
 
 
 _CRON_FIELD = re.compile(r"^[0-9A-Za-z*,/?-]+$")

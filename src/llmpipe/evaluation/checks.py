@@ -3,7 +3,8 @@
 1. Pretraining works: ``pretrain`` has at most :data:`PRETRAIN_MAX_BPB_RATIO` × the untrained ``baseline``'s
    bits per byte on held-out code (``llmpipe_perplexity``).
 2. SFT works: ``sft`` has lower response bits per byte than ``pretrain`` in the chat format (``llmpipe_sft_chat``).
-3. DPO works: ``dpo`` prefers the real body over the corrupted one more often than ``sft`` (``llmpipe_preference``).
+3. DPO works: ``dpo`` prefers the real body over the corrupted one more often than ``sft`` (``llmpipe_preference``
+   acc_norm).
 
 A check whose models are not evaluated (not in ``eval.models``) or whose metric is missing is skipped.
 """
@@ -83,18 +84,27 @@ def sft_vs_pretrain(evals: Metrics) -> Check:
 
 
 def dpo_vs_sft(evals: Metrics) -> Check:
-    """Check 3; its value is dpo − sft of ``llmpipe_preference.acc`` (positive passes)."""
-    claim = ("dpo prefers the real body over the corrupted one more often than sft (llmpipe_preference.acc, "
-             "summed loglikelihood)")
-    metric = "check_dpo_preference_acc_delta"
-    key = "llmpipe_preference.acc"
+    """Check 3; its value is dpo − sft of ``llmpipe_preference.acc_norm`` (positive passes).
+
+    Per character, not summed: a truncated body is a prefix of the real one, so its summed loglikelihood is
+    higher for any model and summed accuracy on that third of the pairs cannot move. The detail gives the
+    summed accuracy and each corruption type beside it.
+    """
+    claim = ("dpo prefers the real body over the corrupted one more often than sft (llmpipe_preference.acc_norm, "
+             "loglikelihood per character)")
+    metric = "check_dpo_preference_acc_norm_delta"
+    key = "llmpipe_preference.acc_norm"
     pair = _pair(evals, key, "dpo", "sft")
     if isinstance(pair, str):
         return _skipped(claim, metric, pair)
     ours, ref = pair
     stderr = evals["dpo"].get(f"{key}_stderr")
     noise = f" (stderr of dpo's {stderr:.3f})" if stderr is not None else ""
-    return Check(claim, metric, ours - ref, ours > ref, f"sft {ref:.3f} → dpo {ours:.3f} ({ours - ref:+.3f}){noise}")
+    detail = f"sft {ref:.3f} → dpo {ours:.3f} ({ours - ref:+.3f}){noise}"
+    for other in sorted(k for k in evals["dpo"] if k.startswith("llmpipe_preference.acc") and k != key
+                        and not k.endswith("_stderr") and k in evals["sft"]):
+        detail += f"; {other.split('.', 1)[1]}: {evals['sft'][other]:.3f} → {evals['dpo'][other]:.3f}"
+    return Check(claim, metric, ours - ref, ours > ref, detail)
 
 
 def run_checks(evals: Metrics) -> list[Check]:

@@ -22,3 +22,46 @@ def response_bits_per_byte(doc: dict[str, Any], results: list[tuple[float, bool]
     """
     loglikelihood, is_greedy = results[0]
     return {"bits_per_byte": (loglikelihood, doc["num_bytes"]), "acc": float(is_greedy)}
+
+
+def generation_score(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
+    """Score one greedy completion of a `generate_until` task with :mod:`llmpipe.rewards`.
+
+    Args:
+        doc: The rendered document: ``prompt`` (def line(s) + docstring) and ``name`` (requested function).
+        results: lm-eval's one generated string (up to the stop string, which is not included).
+
+    Returns:
+        ``score``: 1.0 when prompt + completion parses and defines ``name`` with a non-trivial body;
+        ``parses``: 1.0 when it parses; ``trivial``: 1.0 when it parses but the body does nothing.
+    """
+    from llmpipe.rewards import defines_function, is_trivial_completion, python_parses
+
+    completion = results[0]
+    return {
+        "score": defines_function(doc["prompt"], completion, doc["name"]),
+        "parses": python_parses(doc["prompt"], completion, doc["name"]),
+        "trivial": float(is_trivial_completion(doc["prompt"], completion, doc["name"])),
+    }
+
+
+def preference_accuracy(doc: dict[str, Any], results: list[tuple[float, bool]]) -> dict[str, float]:
+    """Score one (chosen, rejected) pair of the `multiple_choice` preference task, overall and by corruption.
+
+    Args:
+        doc: The rendered document: ``choices`` = [chosen, rejected] texts, ``label`` (0), ``corruption``.
+        results: lm-eval's ``(loglikelihood in nats, is_greedy)`` per choice.
+
+    Returns:
+        ``acc`` (summed loglikelihood picks the label) and ``acc_norm`` (loglikelihood per character, as
+        lm-eval's own acc_norm), and the same under ``acc_<corruption>``/``acc_norm_<corruption>`` when the
+        pair has a corruption type; lm-eval averages each key over the documents that report it.
+    """
+    lls = [ll for ll, _ in results]
+    norm = [ll / max(len(choice), 1) for ll, choice in zip(lls, doc["choices"])]
+    acc = float(max(range(len(lls)), key=lls.__getitem__) == doc["label"])
+    acc_norm = float(max(range(len(norm)), key=norm.__getitem__) == doc["label"])
+    out = {"acc": acc, "acc_norm": acc_norm}
+    if doc.get("corruption"):
+        out |= {f"acc_{doc['corruption']}": acc, f"acc_norm_{doc['corruption']}": acc_norm}
+    return out

@@ -7,7 +7,8 @@ then runs them like any built-in task.
 
 Scoring follows lm-eval's request types (Gao et al., "A framework for few-shot language model evaluation"):
 ``loglikelihood_rolling`` for perplexity, ``loglikelihood`` (context, continuation) for response loss and
-``multiple_choice`` (one loglikelihood per choice) for accuracy. lm-eval moves trailing whitespace of a
+``multiple_choice`` (one loglikelihood per choice) for accuracy, and ``generate_until`` (greedy decoding up to
+the model's eos) for the generation task, scored by :mod:`llmpipe.rewards`. lm-eval moves trailing whitespace of a
 context into its continuation before tokenising, so the newline that closes a rendered prompt is scored as
 the first character of the answer; every choice of a task gets the same newline, which keeps them comparable.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from llmpipe.data.corrupt import CORRUPTIONS
 from llmpipe.errors import UserError
 from llmpipe.io import read_jsonl, write_jsonl
 
@@ -115,13 +117,21 @@ def render_sft_plain(row: Row, tokenizer) -> Row:
     return _sft_document(_content(prompt) + "\n", response, response)
 
 
+def render_generation(row: Row, tokenizer) -> Row:
+    """``{"context": chat prompt, "prompt": def line(s) + docstring, "name": requested function}``."""
+    prompt, _ = _prompt_and_response(row)
+    return {"context": _chat_prompt(prompt, tokenizer), "prompt": _content(prompt), "name": row["name"]}
+
+
 def render_preference(row: Row, tokenizer) -> Row:
-    """``{"context": chat prompt, "choices": [chosen + eos, rejected + eos], "label": 0}``."""
+    """``{"context": chat prompt, "choices": [chosen + eos, rejected + eos], "label": 0, "corruption"}``
+    (`corruption` is None for data without that column)."""
     eos = _eos(tokenizer)
     return {
         "context": _chat_prompt(row["prompt"], tokenizer),
         "choices": [_content(row["chosen"]) + eos, _content(row["rejected"]) + eos],
         "label": 0,
+        "corruption": row.get("corruption"),
     }
 
 
@@ -186,24 +196,42 @@ LOCAL_TASKS: dict[str, LocalTask] = {
             "llmpipe_preference",
             "preference.jsonl",
             "multiple_choice",
-            "Does the model give the real body (chosen) a higher likelihood than a corrupted one (rejected), after "
-            "the chat prompt? acc: summed loglikelihood (the comparison DPO optimises); acc_norm: per character.",
-            (ACC, ACC_NORM),
+            "Does the model give the real body (chosen) a higher likelihood than a corrupted one (rejected: another "
+            "function's body, its first half, or one token deleted), after the chat prompt? acc: summed "
+            "loglikelihood; acc_norm: per character, which is the fair comparison when lengths differ (a first "
+            "half is a prefix of the real body, so its summed loglikelihood is almost always higher: acc on "
+            "truncate stays near 0 for any model). _<type>: the same on one corruption type.",
+            (ACC, ACC_NORM, *(Metric(f"{m}_{kind}", "mean", True) for m in ("acc", "acc_norm") for kind in CORRUPTIONS)),
             render_preference,
             MC_FIELDS,
+            "llmpipe.evaluation.hooks.preference_accuracy",
+        ),
+        LocalTask(
+            "llmpipe_generation",
+            "sft.jsonl",
+            "generate_until",
+            "Given a held-out function's signature and docstring in the chat format, the model writes the body "
+            "(greedy, up to eval.max_new_tokens): score is the share of signature + body that parses and defines "
+            "the requested function with a non-trivial body; parses: share that parses; trivial: share whose "
+            "body does nothing (pass, ...), the reward-hacking check.",
+            (Metric("score", "mean", True), Metric("parses", "mean", True), Metric("trivial", "mean", False)),
+            render_generation,
+            {"doc_to_text": "context", "doc_to_target": "name"},
+            "llmpipe.evaluation.hooks.generation_score",
         ),
     )
 }
 """llmpipe's tasks by name; any other name in ``eval.tasks`` is a standard lm-eval task."""
 
 
-def task_config(task: LocalTask, data_file: Path, cache_dir: Path) -> str:
+def task_config(task: LocalTask, data_file: Path, cache_dir: Path, generation: dict[str, Any] | None = None) -> str:
     """The lm-eval task YAML of `task`, reading the rendered `data_file`.
 
     Args:
         task: The task.
         data_file: Rendered documents (jsonl); written into the YAML as an absolute path.
         cache_dir: Where `datasets` keeps its Arrow cache of that file (absolute).
+        generation: lm-eval ``generation_kwargs`` of a ``generate_until`` task (stop strings, max tokens).
 
     Returns:
         YAML text; ``process_results`` is a ``!function`` reference lm-eval imports by dotted name.
@@ -222,6 +250,8 @@ def task_config(task: LocalTask, data_file: Path, cache_dir: Path) -> str:
         ],
         "metadata": {"version": 1.0},
     }
+    if generation is not None:
+        config["generation_kwargs"] = generation
     text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
     if task.process_results:
         text += f"process_results: !function {task.process_results}\n"
@@ -246,21 +276,24 @@ def render_documents(task: LocalTask, rows: Iterable[Row], tokenizer, source: Pa
     return docs
 
 
-def fits(doc: Row, task: LocalTask, tokenizer, max_length: int) -> bool:
-    """Whether context + every continuation of `doc` fits in `max_length` tokens.
+def fits(doc: Row, task: LocalTask, tokenizer, max_length: int, max_new_tokens: int) -> bool:
+    """Whether context + every continuation of `doc` (or + `max_new_tokens` for a generation task) fits in
+    `max_length` tokens.
 
     lm-eval would otherwise cut the context from the left without a word (and fail on a continuation longer
     than the window). Rolling-loglikelihood documents always fit: they are scored in windows.
     """
     if task.output_type == "loglikelihood_rolling":
         return True
-    answers = doc["choices"] if task.output_type == "multiple_choice" else [doc["continuation"]]
     n_context = len(tokenizer(doc["context"], add_special_tokens=False)["input_ids"])
+    if task.output_type == "generate_until":
+        return n_context + max_new_tokens <= max_length
+    answers = doc["choices"] if task.output_type == "multiple_choice" else [doc["continuation"]]
     return all(n_context + len(tokenizer(a, add_special_tokens=False)["input_ids"]) <= max_length for a in answers)
 
 
 def render_tasks(
-    names: Iterable[str], eval_dir: str | Path, tokenizer, work_dir: str | Path, max_length: int
+    names: Iterable[str], eval_dir: str | Path, tokenizer, work_dir: str | Path, max_length: int, max_new_tokens: int
 ) -> dict[str, tuple[int, int]]:
     """Write ``<task>.jsonl`` and ``<task>.yaml`` into `work_dir` for each llmpipe task in `names`.
 
@@ -274,6 +307,7 @@ def render_tasks(
         tokenizer: The evaluated model's tokenizer (chat template, eos token).
         work_dir: Folder to write into; pass it to lm-eval as ``include_path``.
         max_length: The evaluation context in tokens.
+        max_new_tokens: Tokens a generation task may generate (greedy, stopping at the model's eos).
 
     Returns:
         ``(documents rendered, documents left out as too long)`` per llmpipe task.
@@ -297,10 +331,13 @@ def render_tasks(
         except ValueError as err:
             raise UserError(str(err)) from None
         rendered = render_documents(task, rows, tokenizer, source)
-        docs = [doc for doc in rendered if fits(doc, task, tokenizer, max_length)]
+        docs = [doc for doc in rendered if fits(doc, task, tokenizer, max_length, max_new_tokens)]
         counts[name] = (len(docs), len(rendered) - len(docs))
         if docs:
             data_file = work_dir / f"{name}.jsonl"
             write_jsonl(data_file, docs)
-            (work_dir / f"{name}.yaml").write_text(task_config(task, data_file, work_dir / "hf_cache"))
+            generation = None
+            if task.output_type == "generate_until":
+                generation = {"until": [_eos(tokenizer)], "max_gen_toks": max_new_tokens, "do_sample": False}
+            (work_dir / f"{name}.yaml").write_text(task_config(task, data_file, work_dir / "hf_cache", generation))
     return counts

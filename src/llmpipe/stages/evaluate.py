@@ -57,7 +57,9 @@ def run(params: Params, model: str) -> dict[str, float]:
     tokenizer = load_tokenizer(path)
     with tempfile.TemporaryDirectory(prefix=f"llmpipe-eval-{model}-") as work:
         max_length = harness.context_length(path, params.eval.max_length)
-        counts = render_tasks(tasks, Path(params.paths.data, "eval"), tokenizer, work, max_length)
+        counts = render_tasks(
+            tasks, Path(params.paths.data, "eval"), tokenizer, work, max_length, params.eval.max_new_tokens
+        )
         skipped = [name for name, (n, _) in counts.items() if n == 0]
         for name in skipped:
             log.warning("%s: its evaluation set is empty; skipped (num_docs 0)", name)

@@ -63,18 +63,15 @@ def eval_metrics(params: Params) -> Metrics:
     return evals
 
 
-def columns(tasks: list[str], evals: Metrics) -> list[str]:
-    """Metric keys shown in the main table: task by task in ``eval.tasks`` order; for an llmpipe task its declared
-    metrics, for a standard lm-eval task every metric found (no stderrs, no document counts)."""
+def columns(task: str, evals: Metrics) -> list[str]:
+    """Metric keys of `task` shown in its results table: for an llmpipe task its declared metrics, for a
+    standard lm-eval task every metric found (no stderrs, no document counts)."""
     found = {key for metrics in evals.values() for key in metrics}
-    cols = []
-    for task in tasks:
-        if task in LOCAL_TASKS:
-            names = [f"{task}.{m.name}" for m in LOCAL_TASKS[task].metrics]
-        else:
-            names = sorted(k for k in found if k.startswith(f"{task}.") and not k.endswith(("_stderr", ".num_docs")))
-        cols += [name for name in names if name in found]
-    return cols
+    if task in LOCAL_TASKS:
+        names = [f"{task}.{m.name}" for m in LOCAL_TASKS[task].metrics]
+    else:
+        names = sorted(k for k in found if k.startswith(f"{task}.") and not k.endswith(("_stderr", ".num_docs")))
+    return [name for name in names if name in found]
 
 
 def fmt(value: Any) -> str:
@@ -105,10 +102,17 @@ def _arrow(key: str) -> str:
     return ""
 
 
-def results_section(evals: Metrics, cols: list[str]) -> list[str]:
-    header = ["model", *(f"{c}{_arrow(c)}" for c in cols)]
-    rows = [[model, *(fmt(metrics.get(c)) for c in cols)] for model, metrics in evals.items()]
-    return ["## Results", "", "↑: higher is better, ↓: lower is better.", "", *table(header, rows), ""]
+def results_section(tasks: list[str], evals: Metrics) -> list[str]:
+    """One table per task: a row per model, a column per metric."""
+    lines = ["## Results", "", "↑: higher is better, ↓: lower is better.", ""]
+    for task in tasks:
+        cols = columns(task, evals)
+        if not cols:
+            continue
+        header = ["model", *(f"{c.partition('.')[2]}{_arrow(c)}" for c in cols)]
+        rows = [[model, *(fmt(metrics.get(c)) for c in cols)] for model, metrics in evals.items()]
+        lines += [f"### {task}", "", *table(header, rows), ""]
+    return lines
 
 
 def tasks_section(tasks: list[str], evals: Metrics) -> list[str]:
@@ -162,7 +166,7 @@ def render(params: Params, evals: Metrics, stage_metrics: dict[str, dict[str, An
         "rebuild with `dvc repro report`.",
         "",
         *checks_section(checks),
-        *results_section(evals, columns(tasks, evals)),
+        *results_section(tasks, evals),
         *tasks_section(tasks, evals),
         *training_section(stage_metrics),
         *wall_time_section(stage_metrics, evals),
@@ -175,7 +179,7 @@ def run(params: Params) -> dict[str, float]:
 
     Returns:
         The checks' numbers (``check_pretrain_bpb_ratio``, ``check_sft_chat_bpb_delta``,
-        ``check_dpo_preference_acc_delta``; a skipped check is absent), ``num_checks`` (run) and
+        ``check_dpo_preference_acc_norm_delta``; a skipped check is absent), ``num_checks`` (run) and
         ``num_checks_passed``.
 
     Raises:

@@ -1,0 +1,171 @@
+"""Verifiable rewards for the RL stages (ppo, grpo) and the generation evaluation: does a completed
+function parse, define the function it was asked for, use its arguments?
+
+A prompt is a function's ``def`` line(s) plus its docstring (the user turn of the SFT data) and a
+completion is the body the model wrote for it, so the program scored is ``prompt + "\\n" + completion``.
+Every reward maps one (prompt, completion, name) to a float in [0, 1]; params pick them by name with a
+weight (``rewards: [{name: python_parses, weight: 1.0}, ...]``), and :func:`compute_rewards` sums them.
+
+`parsable_prefix` is graded (the share of the completion's lines that still parse) so that a policy which
+rarely writes a whole valid body still gets a learning signal: all-equal rewards in a group give GRPO a zero
+advantage and no gradient.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from llmpipe.config import RewardSpec
+
+RewardFn = Callable[[str, str, str], float]
+"""``reward(prompt, completion, name) -> float in [0, 1]``."""
+
+
+def _parse(source: str) -> ast.Module | None:
+    """`source` parsed, or None when it is not valid Python (deep nesting counts as invalid)."""
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _program(prompt: str, completion: str) -> str:
+    return prompt.rstrip("\n") + "\n" + completion.rstrip() + "\n"
+
+
+def _find_function(tree: ast.Module, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The first function definition called like the last part of `name` (``Path.read_text`` → ``read_text``)."""
+    short = name.rsplit(".", 1)[-1]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == short:
+            return node
+    return None
+
+
+def _is_trivial(stmt: ast.stmt) -> bool:
+    """`pass`, `...`, a bare string, or `raise NotImplementedError`: a body that does nothing."""
+    if isinstance(stmt, ast.Pass):
+        return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+        return True
+    if isinstance(stmt, ast.Raise) and stmt.exc is not None:
+        exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+        return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+    return False
+
+
+def _defined(prompt: str, completion: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The requested function when the program parses and its body does something, else None."""
+    tree = _parse(_program(prompt, completion))
+    fn = _find_function(tree, name) if tree is not None else None
+    if fn is None or all(_is_trivial(s) for s in fn.body):
+        return None
+    return fn
+
+
+def python_parses(prompt: str, completion: str, name: str) -> float:
+    """1.0 when ``prompt + completion`` is valid Python, else 0.0."""
+    return float(_parse(_program(prompt, completion)) is not None)
+
+
+def defines_function(prompt: str, completion: str, name: str) -> float:
+    """1.0 when the program parses and defines `name` with a body that is not trivial (only `pass`, `...`,
+    a string or `raise NotImplementedError`), else 0.0."""
+    return float(_defined(prompt, completion, name) is not None)
+
+
+def uses_arguments(prompt: str, completion: str, name: str) -> float:
+    """Share of the function's parameters (``self``/``cls`` excluded) that its body reads; 1.0 for a
+    non-trivial function without parameters; 0.0 when it does not parse or is trivial."""
+    fn = _defined(prompt, completion, name)
+    if fn is None:
+        return 0.0
+    a = fn.args
+    params = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if p is not None]
+    params = [p for p in params if p not in ("self", "cls")]
+    if not params:
+        return 1.0
+    read = {n.id for s in fn.body for n in ast.walk(s) if isinstance(n, ast.Name)}
+    return sum(p in read for p in params) / len(params)
+
+
+def parsable_prefix(prompt: str, completion: str, name: str) -> float:
+    """Graded: the largest share k/n of the completion's n non-blank lines such that the prompt plus its
+    first k lines parse (a whole valid body scores 1.0; an empty completion 0.0)."""
+    lines = completion.rstrip().split("\n")
+    content = [i for i, line in enumerate(lines) if line.strip()]
+    if not content:
+        return 0.0
+    for k in range(len(content), 0, -1):
+        if _parse(_program(prompt, "\n".join(lines[: content[k - 1] + 1]))) is not None:
+            return k / len(content)
+    return 0.0
+
+
+REWARDS: dict[str, RewardFn] = {
+    "python_parses": python_parses,
+    "defines_function": defines_function,
+    "uses_arguments": uses_arguments,
+    "parsable_prefix": parsable_prefix,
+}
+"""Reward functions by the name params use."""
+
+
+def is_trivial_completion(prompt: str, completion: str, name: str) -> bool:
+    """Whether the program parses but the function does nothing (`pass`, `...`): a reward-hacking check."""
+    tree = _parse(_program(prompt, completion))
+    fn = _find_function(tree, name) if tree is not None else None
+    return fn is not None and all(_is_trivial(s) for s in fn.body)
+
+
+def compute_rewards(
+    specs: Sequence[RewardSpec], prompts: Sequence[str], completions: Sequence[str], names: Sequence[str]
+) -> torch.Tensor:
+    """Weighted sum of the named rewards for each completion.
+
+    Args:
+        specs: Reward names and weights (params `rewards`).
+        prompts: ``def`` line(s) + docstring of each function, plain text (not chat-rendered).
+        completions: The generated bodies, decoded without special tokens.
+        names: The requested function name of each prompt (qualified names allowed).
+
+    Returns:
+        float32 tensor of shape (batch,): ``sum(weight * reward)``.
+
+    Raises:
+        ValueError: The three sequences differ in length.
+    """
+    import torch
+
+    if not len(prompts) == len(completions) == len(names):
+        raise ValueError(f"{len(prompts)} prompts, {len(completions)} completions and {len(names)} names differ")
+    totals = [sum(s.weight * REWARDS[s.name](p, c, n) for s in specs) for p, c, n in zip(prompts, completions, names)]
+    return torch.tensor(totals, dtype=torch.float32)
+
+
+def _text(turns: Any) -> str:
+    """Plain text of a TRL prompt/completion: a string, or the content of the last message of a conversation."""
+    return turns if isinstance(turns, str) else turns[-1]["content"]
+
+
+def trl_reward_functions(specs: Sequence[RewardSpec]) -> tuple[list[Callable[..., list[float]]], list[float]]:
+    """The rewards as TRL `GRPOTrainer` reward functions and their weights (`GRPOConfig.reward_weights`).
+
+    Each function takes TRL's ``prompts`` and ``completions`` (plain or conversational) and the dataset's
+    ``name`` column, and returns one float per completion; its ``__name__`` is the reward's, which TRL
+    uses to label the logged ``rewards/<name>/mean``.
+    """
+
+    def adapt(label: str, fn: RewardFn) -> Callable[..., list[float]]:
+        def reward(prompts: list[Any], completions: list[Any], name: list[str], **_: Any) -> list[float]:
+            return [fn(_text(p), _text(c), n) for p, c, n in zip(prompts, completions, name)]
+
+        reward.__name__ = label
+        return reward
+
+    return [adapt(s.name, REWARDS[s.name]) for s in specs], [s.weight for s in specs]
