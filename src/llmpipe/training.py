@@ -174,10 +174,12 @@ class ThroughputLog(TrainerCallback):
 
 
 def write_plots(log_history: list[dict[str, Any]], log_dir: Path) -> None:
-    """Write ``train.csv`` (step, loss, learning_rate, grad_norm, tokens_per_s) and ``eval.csv`` (step, eval_loss)
-    from the trainer's whole log history (which checkpoints carry, so a resumed run's plots are complete)."""
+    """Write ``train.csv`` (step, loss, learning_rate, grad_norm, tokens_per_s, then every other key the trainer
+    logs per step, e.g. GRPO's reward) and ``eval.csv`` (step, eval_loss, …) from the trainer's whole log history
+    (which checkpoints carry, so a resumed run's plots are complete)."""
     train_cols = ["step", "epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "num_input_tokens_seen"]
     train_rows = [r for r in log_history if "loss" in r]
+    train_cols += sorted({k for r in train_rows for k in r} - set(train_cols))
     eval_rows = list({r["step"]: r for r in log_history if "eval_loss" in r}.values())  # the final eval repeats a step
     eval_cols = ["step", "epoch"] + sorted({k for r in eval_rows for k in r if k.startswith("eval_")})
     for name, cols, rows in (("train.csv", train_cols, train_rows), ("eval.csv", eval_cols, eval_rows)):
