@@ -28,8 +28,14 @@ pretrain: {max_steps: 12, per_device_train_batch_size: 4}
 sft: {max_steps: 12, per_device_train_batch_size: 4}
 reward: {max_steps: 12, per_device_train_batch_size: 4, eval_steps: 6, save_steps: 6, warmup_steps: 2, lr: 0.001}
 dpo: {max_steps: 12, per_device_train_batch_size: 4, warmup_steps: 2, lr: 0.0001, beta: 0.1}
+# grpo: a random model's completions are only short enough to parse sometimes (and so get rewards that differ
+# within a group, the only source of gradient) when they are a few tokens long.
+grpo: {max_steps: 4, per_device_train_batch_size: 4, per_device_eval_batch_size: 4, num_generations: 4, lr: 0.001,
+       warmup_steps: 1, logging_steps: 1, eval_steps: 4, save_steps: 2, max_eval_samples: 2,
+       generation: {max_new_tokens: 3}}
 eval: {limit: 8, batch_size: 8, max_length: 128}
 """
+
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:

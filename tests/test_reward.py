@@ -21,7 +21,8 @@ def test_reward_stage_trains_saves_and_scores_held_out_pairs(tiny_sft, monkeypat
     params = load_params("params.yaml")
     metrics = reward.run(params)
 
-    rows = list(csv.DictReader(open("logs/reward/train.csv")))
+    with open("logs/reward/train.csv") as fh:
+        rows = list(csv.DictReader(fh))
     assert rows and all(math.isfinite(float(r["loss"])) for r in rows), "loss logged and finite"
     assert metrics["steps"] == params.reward.max_steps
 
