@@ -1,4 +1,5 @@
-"""Shared fixtures: the repository root, tiny params, and a real git + DVC repo of this project for end-to-end runs."""
+"""Shared fixtures: the repository root, tiny params, a prepared tiny workdir, and a real git + DVC repo of this
+project for end-to-end runs."""
 
 from __future__ import annotations
 
@@ -25,16 +26,54 @@ train: {max_steps: 12, per_device_train_batch_size: 4, per_device_eval_batch_siz
         eval_steps: 6, save_steps: 6, max_eval_samples: 8, max_length: 128, warmup_steps: 2}
 pretrain: {max_steps: 12, per_device_train_batch_size: 4}
 sft: {max_steps: 12, per_device_train_batch_size: 4}
+reward: {max_steps: 12, per_device_train_batch_size: 4, eval_steps: 6, save_steps: 6, warmup_steps: 2, lr: 0.001}
 dpo: {max_steps: 12, per_device_train_batch_size: 4, warmup_steps: 2, lr: 0.0001, beta: 0.1}
 ppo: {max_steps: 4, per_device_train_batch_size: 4, num_mini_batches: 2, num_ppo_epochs: 2, warmup_steps: 0,
       lr: 0.0001, logging_steps: 2, eval_steps: 4, save_steps: 2, max_eval_samples: 8, num_samples: 64,
       rewards: [{name: parsable_prefix, weight: 1.0}], generation: {max_new_tokens: 16}}
+# grpo: a random model's completions are only short enough to parse sometimes (and so get rewards that differ
+# within a group, the only source of gradient) when they are a few tokens long.
+grpo: {max_steps: 4, per_device_train_batch_size: 4, per_device_eval_batch_size: 4, num_generations: 4, lr: 0.001,
+       warmup_steps: 1, logging_steps: 1, eval_steps: 4, save_steps: 2, max_eval_samples: 2,
+       generation: {max_new_tokens: 3}}
 eval: {limit: 8, batch_size: 8, max_length: 128}
 """
 
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A folder with params.yaml (tiny), prepared data and a trained tokenizer."""
+    from llmpipe.config import parse_params
+    from llmpipe.stages import prepare, tokenizer
+
+    root = tmp_path_factory.mktemp("train")
+    raw = yaml.safe_load(TINY_PARAMS)
+    raw["paths"] = {"output_root": "."}
+    (root / "params.yaml").write_text(yaml.safe_dump(raw))
+    params = parse_params({**raw, "paths": {k: str(root / v) for k, v in
+                                           {"data": "data", "tokenizer": "artifacts/tokenizer",
+                                            "metrics": "metrics"}.items()}})
+    prepare.run(params)
+    tokenizer.run(params)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_sft(workdir) -> Path:
+    """`workdir` with a randomly initialised tiny Llama of TINY_PARAMS' shape saved as models/sft (a stand-in for
+    the SFT stage's output, which the RL stages start from)."""
+    from llmpipe.config import load_params
+    from llmpipe.modeling import build_model, load_tokenizer, save_model
+
+    params = load_params(workdir / "params.yaml")
+    tok = load_tokenizer(workdir / params.paths.tokenizer)
+    save_model(build_model(params.model, tok), tok, workdir / params.paths.models / "sft")
+    return workdir
+
+
 # Every stage of dvc.yaml with the tiny params (eval.models is the shipped list).
-ALL_STAGES = {"prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo", "report"} | {
-    f"evaluate@{m}" for m in ("baseline", "pretrain", "sft", "dpo")
+ALL_STAGES = {"prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo", "reward", "ppo", "grpo", "report"} | {
+    f"evaluate@{m}" for m in ("baseline", "pretrain", "sft", "dpo", "ppo", "grpo")
 }
 
 

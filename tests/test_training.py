@@ -16,25 +16,9 @@ import yaml
 
 from llmpipe.config import load_params, parse_params
 from llmpipe.io import atomic_dir
-from llmpipe.stages import prepare, tokenizer
 from llmpipe.training import fingerprint
 
 from conftest import TINY_PARAMS
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    """A folder with params.yaml (tiny), prepared data and a trained tokenizer."""
-    root = tmp_path_factory.mktemp("train")
-    raw = yaml.safe_load(TINY_PARAMS)
-    raw["paths"] = {"output_root": "."}
-    (root / "params.yaml").write_text(yaml.safe_dump(raw))
-    params = parse_params({**raw, "paths": {k: str(root / v) for k, v in
-                                           {"data": "data", "tokenizer": "artifacts/tokenizer",
-                                            "metrics": "metrics"}.items()}})
-    prepare.run(params)
-    tokenizer.run(params)
-    return root
 
 
 def test_fingerprint_ignores_budgets_but_not_hyperparameters(workdir):

@@ -2,9 +2,9 @@
 
 Every section is a pydantic v2 model with ``extra="forbid"``, so a mistyped key is an error that
 names the key path and, where one is close, the key that was meant. The ``train`` section holds
-training defaults; each training stage section (``pretrain``, ``sft``, ``dpo``, ``ppo``) may override any of
-them and adds its own keys. :func:`load_params` merges ``train`` under each stage section before
-validation, so ``params.sft.lr`` is the value SFT really uses.
+training defaults; each training stage section (``pretrain``, ``sft``, ``dpo``, ``reward``, ``ppo``,
+``grpo``) may override any of them and adds its own keys. :func:`load_params` merges ``train`` under each
+stage section before validation, so ``params.sft.lr`` is the value SFT really uses.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from llmpipe.errors import UserError
 
-STAGE_SECTIONS = ("pretrain", "sft", "dpo", "ppo")
+STAGE_SECTIONS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 """Training stages whose sections inherit the ``train`` defaults."""
 
 BUDGET_KEYS = frozenset({"max_steps", "num_train_epochs"})
@@ -218,6 +218,21 @@ class SFTParams(TrainParams):
     packing: bool = Field(False, description="Pack several conversations into one sequence.")
 
 
+class RewardParams(TrainParams):
+    """`reward`: TRL RewardTrainer from models/sft on preference pairs → a scalar reward model.
+
+    The pairwise (Bradley-Terry) loss ``-log σ(r(x, y_chosen) - r(x, y_rejected) - margin)`` of Ouyang et al.
+    2022 (InstructGPT), on a new one-output score head over the SFT model's last token. Pairs longer than
+    `max_length` tokens are left out of training (TRL filters them).
+    """
+
+    center_rewards_coefficient: float | None = Field(
+        None,
+        ge=0,
+        description="Weight of the mean-zero penalty E[(r_chosen + r_rejected)^2] (Eisenstein et al. 2023); null: off.",
+    )
+
+
 DPOLossType = Literal[
     "sigmoid",
     "hinge",
@@ -328,6 +343,95 @@ class PPOParams(TrainParams):
         return self
 
 
+GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
+"""The `GRPOConfig.loss_type` values TRL 1.16 accepts (a test builds a GRPOConfig with each)."""
+
+
+class GRPOParams(TrainParams):
+    """`grpo`: TRL GRPOTrainer from models/sft (or models/dpo) against the verifiable rewards of `llmpipe.rewards`.
+
+    Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath): `num_generations` completions per
+    prompt, each one's advantage its reward minus the group mean (divided by a std, see `scale_rewards`), a
+    clipped PPO-style ratio objective, and a `beta`-weighted KL to the frozen starting policy. The loss
+    types differ in how token terms are weighted and normalised:
+
+    - ``grpo``: per-sequence mean, then batch mean (Shao et al. 2024); biased towards short right answers.
+    - ``dr_grpo``: sum over tokens / a constant (max completion length) — "Understanding R1-Zero-Like
+      Training: A Critical Perspective" (Liu et al. 2025).
+    - ``dapo``: sum over tokens / active tokens of the accumulated batch — "DAPO: An Open-Source LLM
+      Reinforcement Learning System at Scale" (Yu et al. 2025); TRL's default.
+    - ``bnpo``: as dapo over the local batch only — "BNPO: Beta Normalization Policy Optimization" (2025).
+    - ``cispo``: clips the importance weight itself (upper bound `epsilon_high`) and keeps every token's
+      gradient — MiniMax-M1 (MiniMax 2025).
+    - ``sapo``: a smooth sigmoid gate instead of hard clipping, temperatures `sapo_temperature_pos/neg` —
+      "Soft Adaptive Policy Optimization" (arXiv 2511.20347).
+    - ``luspo``: sequence-level loss scaled by each sequence's length; needs
+      ``importance_sampling_level: sequence`` — "Length-Unbiased Sequence Policy Optimization" (arXiv 2602.05261).
+    - ``vespo``: a Gamma-shaped weight of the sequence importance ratio (`vespo_k_*`, `vespo_lambda_*`) —
+      "VESPO: Variational Sequence-Level Soft Policy Optimization" (arXiv 2602.10693).
+
+    Sequence-level importance sampling is GSPO ("Group Sequence Policy Optimization", Zheng et al. 2025).
+    Prompts longer than `max_length` tokens (chat-rendered) are left out.
+    """
+
+    policy: Literal["sft", "dpo"] = Field("sft", description="Starting (and reference) policy: models/<policy>.")
+    num_generations: int = Field(8, ge=2, description="Completions sampled per prompt (the group size G).")
+    loss_type: GRPOLossType = Field("dapo", description="How token losses are weighted and normalised (see above).")
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token", description="Importance ratio per token, or one per sequence (GSPO)."
+    )
+    beta: float = Field(0.04, ge=0, description="Weight of the KL to the reference policy; 0 loads no reference.")
+    epsilon: float = Field(0.2, gt=0, description="Lower clipping range of the importance ratio (1 - epsilon).")
+    epsilon_high: float | None = Field(
+        None, gt=0, description="Upper clipping range (1 + epsilon_high; cispo: the weight cap); null = epsilon."
+    )
+    sapo_temperature_pos: float = Field(1.0, gt=0, description="sapo: gate temperature for positive advantages.")
+    sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo: gate temperature for non-positive advantages.")
+    vespo_k_pos: float = Field(2.0, gt=0, description="vespo: power exponent for positive advantages.")
+    vespo_lambda_pos: float = Field(3.0, gt=0, description="vespo: decay factor for positive advantages.")
+    vespo_k_neg: float = Field(3.0, gt=0, description="vespo: power exponent for negative advantages.")
+    vespo_lambda_neg: float = Field(2.0, gt=0, description="vespo: decay factor for negative advantages.")
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="Divide advantages by the group's reward std, the batch's, or not at all (Dr. GRPO)."
+    )
+    num_iterations: int = Field(1, ge=1, description="Optimisation passes over each generated batch (mu).")
+    steps_per_generation: int | None = Field(
+        None, ge=1, description="Micro-steps fed by one generation round; null = gradient_accumulation_steps."
+    )
+    mask_truncated_completions: bool = Field(
+        False, description="Leave completions cut at max_new_tokens out of the loss (DAPO)."
+    )
+    rewards: list[RewardSpec] = Field(
+        [RewardSpec(name="parsable_prefix"), RewardSpec(name="defines_function")],
+        min_length=1,
+        description="Reward functions of llmpipe.rewards and their weights; the reward is the weighted sum.",
+    )
+    generation: GenerationParams = GenerationParams()
+
+    @property
+    def resolved_steps_per_generation(self) -> int:
+        """`steps_per_generation`, or TRL's default for it: `gradient_accumulation_steps`."""
+        return self.steps_per_generation or self.gradient_accumulation_steps
+
+    @model_validator(mode="after")
+    def _checkpoints_between_generations(self) -> GRPOParams:
+        steps_per_generation = self.resolved_steps_per_generation
+        cycle = steps_per_generation * self.num_iterations
+        if (self.save_steps * self.gradient_accumulation_steps) % cycle:
+            raise ValueError(
+                f"grpo.save_steps ({self.save_steps}) × grpo.gradient_accumulation_steps "
+                f"({self.gradient_accumulation_steps}) micro-steps must be a multiple of grpo.steps_per_generation "
+                f"({steps_per_generation}) × grpo.num_iterations ({self.num_iterations}) = {cycle}: GRPOTrainer "
+                "does not checkpoint its buffer of generated completions, so a checkpoint must fall between "
+                "generation rounds; change grpo.save_steps"
+            )
+        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
+            raise ValueError(
+                "grpo.loss_type luspo is a sequence-level loss: set grpo.importance_sampling_level to sequence"
+            )
+        return self
+
+
 class DistributedParams(_Section):
     """How training is spread over devices (Accelerate)."""
 
@@ -397,11 +501,31 @@ class Params(_Section):
     train: TrainParams = TrainParams()
     pretrain: PretrainParams = PretrainParams()
     sft: SFTParams = SFTParams()
+    reward: RewardParams = RewardParams()
     dpo: DPOParams = DPOParams()
     ppo: PPOParams = PPOParams()
+    grpo: GRPOParams = GRPOParams()
     distributed: DistributedParams = DistributedParams()
     eval: EvalParams = EvalParams()
     orchestration: OrchestrationParams = OrchestrationParams()
+
+    @model_validator(mode="after")
+    def _grpo_fits(self) -> Params:
+        g, processes = self.grpo, self.distributed.num_processes
+        generation_batch = g.per_device_train_batch_size * processes * g.resolved_steps_per_generation
+        if generation_batch % g.num_generations:
+            raise ValueError(
+                f"grpo: one generation round holds grpo.per_device_train_batch_size ({g.per_device_train_batch_size})"
+                f" × distributed.num_processes ({processes}) × grpo.steps_per_generation (default: "
+                f"gradient_accumulation_steps) = {generation_batch} completions, not a multiple of grpo.num_generations ({g.num_generations}): "
+                "every prompt's group must fit in one round"
+            )
+        if (g.per_device_eval_batch_size * processes) % g.num_generations:
+            raise ValueError(
+                f"grpo.per_device_eval_batch_size ({g.per_device_eval_batch_size}) × distributed.num_processes "
+                f"({processes}) must be a multiple of grpo.num_generations ({g.num_generations})"
+            )
+        return self
 
     def stage(self, name: str) -> TrainParams:
         """The merged training params of stage `name` (one of :data:`STAGE_SECTIONS`)."""
@@ -436,7 +560,8 @@ def _format_errors(err: ValidationError, source: str, origin: dict[str, str]) ->
             lines.append(f"  {key}: unknown key{hint}")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"  {key or '<top level>'}: {msg} (got {e.get('input')!r})")
+            got = f" (got {e.get('input')!r})" if loc else ""  # a cross-section rule's input is the whole file
+            lines.append(f"  {key or '<top level>'}: {msg}{got}")
     return f"{source}: invalid params:\n" + "\n".join(dict.fromkeys(lines))
 
 

@@ -43,18 +43,26 @@ def build_model(cfg: ModelParams, tokenizer):
     return LlamaForCausalLM(config)
 
 
-def load_model(path: str | Path, what: str):
-    """Load a saved causal LM from a directory.
+def load_model(path: str | Path, what: str, num_labels: int | None = None):
+    """Load a saved model from a directory: a causal LM, or with `num_labels` a sequence classifier.
+
+    Args:
+        path: A `save_pretrained` directory.
+        what: The fix to name when it is missing, e.g. "run the sft stage first (dvc repro sft)".
+        num_labels: Load `AutoModelForSequenceClassification` with this many outputs (1 for a reward model);
+            from a causal LM the score head is new and initialised from the torch RNG, so seed first.
 
     Raises:
         UserError: The directory is missing (names the stage that makes it).
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     path = Path(path)
     if not (path / "config.json").exists():
         raise UserError(f"{path}: no model there; {what}")
-    return AutoModelForCausalLM.from_pretrained(path)
+    if num_labels is None:
+        return AutoModelForCausalLM.from_pretrained(path)
+    return AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels)
 
 
 def load_tokenizer(path: str | Path):

@@ -60,7 +60,7 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
 
     Args:
         params: Validated params.
-        stage: A training stage section name (`pretrain`, `sft`, `dpo`).
+        stage: A training stage section name (one of `config.STAGE_SECTIONS`).
         output_dir: The run's checkpoint folder.
 
     Returns:
@@ -174,15 +174,15 @@ class ThroughputLog(TrainerCallback):
 
 
 TRAIN_COLUMNS = ("step", "epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "num_input_tokens_seen")
-"""The columns of ``train.csv`` for the Trainer-based stages."""
+"""The first columns of ``train.csv``; every other key a stage logs per step follows, sorted."""
 
 
-def write_plots(
-    log_history: list[dict[str, Any]], log_dir: Path, train_cols: tuple[str, ...] = TRAIN_COLUMNS
-) -> None:
-    """Write ``train.csv`` (`train_cols` of every record with a ``loss``) and ``eval.csv`` (step and every
-    ``eval_*`` key) from the whole log history (which checkpoints carry, so a resumed run's plots are complete)."""
+def write_plots(log_history: list[dict[str, Any]], log_dir: Path) -> None:
+    """Write ``train.csv`` (:data:`TRAIN_COLUMNS`, then every other key logged with a ``loss``, e.g. GRPO's or
+    PPO's reward and KL) and ``eval.csv`` (step, epoch and every ``eval_*`` key) from the whole log history
+    (which checkpoints carry, so a resumed run's plots are complete)."""
     train_rows = [r for r in log_history if "loss" in r]
+    train_cols = [*TRAIN_COLUMNS, *sorted({k for r in train_rows for k in r} - set(TRAIN_COLUMNS))]
     evals = [r for r in log_history if any(k.startswith("eval_") for k in r)]
     eval_rows = list({r["step"]: r for r in evals}.values())  # the final eval repeats a step
     eval_cols = ["step", "epoch"] + sorted({k for r in eval_rows for k in r if k.startswith("eval_")})

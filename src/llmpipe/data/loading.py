@@ -8,13 +8,15 @@ from llmpipe.errors import UserError
 from llmpipe.io import read_jsonl
 
 
-def load_split(path: Path, columns: tuple[str, ...], limit: int | None = None):
+def load_split(path: Path, columns: tuple[str, ...], limit: int | None = None, optional: tuple[str, ...] = ()):
     """Rows of a prepared jsonl split, keeping only `columns` (what TRL's trainers expect).
 
     Args:
         path: A file under ``data/<kind>/<split>.jsonl``.
         columns: Columns to keep, e.g. ``("messages",)`` or ``("prompt", "chosen", "rejected")``.
         limit: Keep at most this many rows (the first ones: prepare already shuffled by hash).
+        optional: Columns kept when the first row has them, and then required in every row (e.g. a
+            per-pair ``margin``).
 
     Returns:
         A `datasets.Dataset` held in memory (no cache files).
@@ -29,6 +31,7 @@ def load_split(path: Path, columns: tuple[str, ...], limit: int | None = None):
     rows = read_jsonl(path)[:limit]
     if not rows:
         raise UserError(f"{path}: no rows; check data.* in params.yaml and rerun prepare")
+    columns = columns + tuple(c for c in optional if c in rows[0])
     for lineno, row in enumerate(rows, 1):
         missing = [c for c in columns if c not in row]
         if missing:

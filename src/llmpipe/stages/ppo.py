@@ -616,7 +616,7 @@ def run(params: Params) -> dict[str, float]:
     tensorboard.close()
 
     save_model(ppo.accelerator.unwrap_model(ppo.policy), tokenizer, paths.out(paths.models, "ppo"))
-    write_plots(state["log_history"], paths.out(paths.logs, "ppo"), LOG_COLUMNS)
+    write_plots(state["log_history"], paths.out(paths.logs, "ppo"))
     evals = [r for r in state["log_history"] if "eval_reward" in r]
     return {
         **_summary(state["history"], ppo.rollout_batch_size),

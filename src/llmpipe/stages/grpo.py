@@ -1,0 +1,184 @@
+"""`grpo` stage: Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath) of models/sft (or
+models/dpo) with TRL's `GRPOTrainer`, against the verifiable rewards of :mod:`llmpipe.rewards`.
+
+The prompts are the user turns of the SFT data (a function's signature and docstring); a completion is the
+body the policy writes. For each prompt `num_generations` completions are sampled, scored by the weighted
+reward functions, and each one's advantage is its reward relative to its group. A group whose rewards are
+all equal has zero advantage and gives no gradient, so the stage measures the share of such groups and
+warns when it is large.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from llmpipe.config import Params
+from llmpipe.data.loading import load_split
+from llmpipe.modeling import load_model, load_tokenizer
+from llmpipe.rewards import trl_reward_functions
+from llmpipe.training import checkpoint_dir, tensorboard_callback, train_stage, training_kwargs
+
+log = logging.getLogger(__name__)
+
+ZERO_STD_WARN_FRACTION = 0.5
+"""Warn when at least this share of groups had all-equal rewards (and so no gradient)."""
+
+
+def grpo_config(params: Params, run_dir: Path):
+    """Our params → `trl.GRPOConfig`, field by field (`generation.max_new_tokens` → `max_completion_length`,
+    `generation.suppress_tokens` → `generation_kwargs`)."""
+    from trl import GRPOConfig
+
+    cfg, gen = params.grpo, params.grpo.generation
+    return GRPOConfig(
+        **training_kwargs(params, "grpo", run_dir),
+        num_generations=cfg.num_generations,
+        loss_type=cfg.loss_type,
+        importance_sampling_level=cfg.importance_sampling_level,
+        beta=cfg.beta,
+        epsilon=cfg.epsilon,
+        epsilon_high=cfg.epsilon_high,
+        sapo_temperature_pos=cfg.sapo_temperature_pos,
+        sapo_temperature_neg=cfg.sapo_temperature_neg,
+        vespo_k_pos=cfg.vespo_k_pos,
+        vespo_lambda_pos=cfg.vespo_lambda_pos,
+        vespo_k_neg=cfg.vespo_k_neg,
+        vespo_lambda_neg=cfg.vespo_lambda_neg,
+        scale_rewards=cfg.scale_rewards,
+        num_iterations=cfg.num_iterations,
+        steps_per_generation=cfg.steps_per_generation,
+        mask_truncated_completions=cfg.mask_truncated_completions,
+        reward_weights=[spec.weight for spec in cfg.rewards],
+        max_completion_length=gen.max_new_tokens,
+        temperature=gen.temperature,
+        top_p=gen.top_p,
+        top_k=gen.top_k,
+        min_p=gen.min_p,
+        repetition_penalty=gen.repetition_penalty,
+        generation_kwargs={"suppress_tokens": list(gen.suppress_tokens)} if gen.suppress_tokens else None,
+    )
+
+
+def load_prompts(path: Path, tokenizer, max_length: int, limit: int | None = None):
+    """GRPO prompts from SFT rows: the user turn as a conversational ``prompt``, and the function ``name``.
+
+    Args:
+        path: ``data/sft/<split>.jsonl`` (rows with ``messages`` and ``name``).
+        tokenizer: Renders the prompt with its chat template and generation prompt, to measure it.
+        max_length: Prompts longer than this many tokens are left out.
+        limit: Keep at most this many prompts (after the length filter).
+
+    Returns:
+        A `datasets.Dataset` with columns ``prompt`` (``[{"role": "user", "content": ...}]``) and ``name``.
+
+    Raises:
+        UserError: The file is missing or empty, or a row lacks ``messages`` or ``name``.
+    """
+    rows = load_split(path, ("messages", "name"))
+    rows = rows.map(lambda r: {"prompt": r["messages"][:1]}, remove_columns=["messages"])
+    fits = [
+        len(tokenizer.apply_chat_template(p, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
+        <= max_length
+        for p in rows["prompt"]
+    ]
+    kept = [i for i, ok in enumerate(fits) if ok][:limit]
+    log.info("%s: %d of %d prompts fit in %d tokens; using %d", path, sum(fits), len(fits), max_length, len(kept))
+    return rows.select(kept)
+
+
+def _tenths(values: list[float]) -> tuple[float, float, float, float]:
+    """Mean and standard error of the first and of the last 10% of `values` (at least one value each).
+
+    Returns:
+        ``(first_mean, first_se, last_mean, last_se)``; a standard error is nan when its tenth holds one value.
+    """
+    n = max(1, math.ceil(len(values) / 10))
+
+    def mean_se(xs: list[float]) -> tuple[float, float]:
+        se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
+        return statistics.fmean(xs), se
+
+    return (*mean_se(values[:n]), *mean_se(values[-n:]))
+
+
+def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
+    """Learning-progress figures of a GRPO run from the trainer's logged training steps.
+
+    Args:
+        log_history: `trainer.state.log_history` (each training entry averages `logging_steps` steps).
+
+    Returns:
+        ``reward_first``/``reward_last`` (mean summed reward over the first/last 10% of logged steps) with
+        ``reward_first_se``/``reward_last_se`` (their standard errors over those steps) and ``reward_gain_z``
+        (the difference over its standard error), ``completion_length_first``/``_last`` (tokens),
+        ``kl_last`` (mean KL to the reference over the last 10%; only when ``beta`` > 0), and
+        ``frac_zero_std_groups``: the mean share of groups whose rewards were all equal (TRL's
+        ``frac_reward_zero_std``; with ``scale_rewards: batch`` TRL measures the whole batch instead).
+        Empty when no training step was logged.
+    """
+    rows = [r for r in log_history if "reward" in r]
+    if not rows:
+        return {}
+    first, first_se, last, last_se = _tenths([r["reward"] for r in rows])
+    lengths = _tenths([r["completions/mean_length"] for r in rows])
+    metrics = {
+        "reward_first": first,
+        "reward_first_se": first_se,
+        "reward_last": last,
+        "reward_last_se": last_se,
+        "reward_gain_z": (last - first) / math.hypot(first_se, last_se) if first_se + last_se > 0 else math.nan,
+        "completion_length_first": lengths[0],
+        "completion_length_last": lengths[2],
+        "frac_zero_std_groups": statistics.fmean(r["frac_reward_zero_std"] for r in rows),
+    }
+    kls = [r["kl"] for r in rows if r.get("kl") is not None]
+    if kls:
+        metrics["kl_last"] = _tenths(kls)[2]
+    return {k: round(v, 5) for k, v in metrics.items()}
+
+
+def run(params: Params) -> dict[str, float]:
+    """Train models/<grpo.policy> with GRPO on the SFT prompts; save models/grpo.
+
+    Returns:
+        The metrics of :func:`llmpipe.training.train_stage`, those of :func:`rl_metrics`, and ``eval_reward``
+        (mean reward on the validation prompts at the end).
+
+    Raises:
+        UserError: The policy model, the tokenizer or an SFT split is missing.
+    """
+    from trl import GRPOTrainer
+
+    cfg = params.grpo
+    data = Path(params.paths.data, "sft")
+    base = Path(params.paths.models, cfg.policy)
+    tokenizer = load_tokenizer(params.paths.tokenizer)
+    run_dir = checkpoint_dir(params, "grpo", [data, base, Path(params.paths.tokenizer)])
+    reward_funcs, _ = trl_reward_functions(cfg.rewards)  # weights reach TRL through grpo_config
+    trainer = GRPOTrainer(
+        model=load_model(base, f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"),
+        reward_funcs=reward_funcs,
+        args=grpo_config(params, run_dir),
+        train_dataset=load_prompts(data / "train.jsonl", tokenizer, cfg.max_length, cfg.num_samples),
+        eval_dataset=load_prompts(data / "validation.jsonl", tokenizer, cfg.max_length, cfg.max_eval_samples),
+        processing_class=tokenizer,
+        callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "grpo", "tensorboard"))],
+    )
+    metrics = train_stage(trainer, params, "grpo", run_dir, tokenizer)
+    metrics.update(rl_metrics(trainer.state.log_history))
+    final = [r for r in trainer.state.log_history if "eval_reward" in r]
+    if final:
+        metrics["eval_reward"] = round(float(final[-1]["eval_reward"]), 5)
+    frac = metrics.get("frac_zero_std_groups", 0.0)
+    if frac >= ZERO_STD_WARN_FRACTION:
+        log.warning(
+            "grpo: %.0f%% of groups had all-equal rewards, so zero advantage and no gradient from them; add a "
+            "graded reward (e.g. parsable_prefix) to grpo.rewards, or raise grpo.num_generations or "
+            "grpo.generation.temperature",
+            100 * frac,
+        )
+    return metrics

@@ -1,0 +1,137 @@
+"""`reward` stage: a scalar reward model trained on preference pairs with TRL's `RewardTrainer`.
+
+The SFT model's body gets a new one-output score head (`AutoModelForSequenceClassification`,
+``num_labels=1``) read at the last token, trained with the pairwise Bradley-Terry loss of Ouyang et al.
+2022 (InstructGPT, §3.5). The held-out test pairs are then scored with the saved model: pairwise accuracy
+overall and per corruption type (swap / truncate / syntax), so a shortcut such as "longer is better"
+shows as one weak type.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from llmpipe.config import Params
+from llmpipe.data.loading import load_split
+from llmpipe.modeling import load_model, load_tokenizer
+from llmpipe.training import checkpoint_dir, tensorboard_callback, train_stage, training_kwargs
+
+COLUMNS = ("prompt", "chosen", "rejected")
+
+
+def reward_config(params: Params, run_dir: Path):
+    """Our params → `trl.RewardConfig`, field by field."""
+    from trl import RewardConfig
+
+    cfg = params.reward
+    return RewardConfig(
+        **training_kwargs(params, "reward", run_dir),
+        max_length=cfg.max_length,
+        center_rewards_coefficient=cfg.center_rewards_coefficient,
+        dataset_num_proc=None,
+    )
+
+
+def score(model, tokenizer, conversations: list[list[dict]], batch_size: int):
+    """Reward of each conversation under a sequence-classification reward model.
+
+    Each conversation is rendered with the tokenizer's chat template (as `RewardTrainer` does), cut to the
+    model's `max_position_embeddings`, right-padded, and scored at its last real token.
+
+    Args:
+        model: An `AutoModelForSequenceClassification` with one output and `config.pad_token_id` set.
+        tokenizer: The pipeline tokenizer (chat template, pad token).
+        conversations: Message lists, e.g. ``prompt + chosen``.
+        batch_size: Sequences per forward pass.
+
+    Returns:
+        Float tensor of shape (N,), in the order of `conversations`.
+    """
+    import torch
+
+    limit = model.config.max_position_embeddings
+    ids = [tokenizer.apply_chat_template(c, tokenize=True, return_dict=True)["input_ids"][:limit] for c in conversations]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths per batch: less padding
+    scores = torch.empty(len(ids))
+    model.eval()
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            width = max(len(ids[i]) for i in batch)
+            input_ids = torch.full((len(batch), width), tokenizer.pad_token_id)  # (B, T)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)  # (B, T)
+            for row, i in enumerate(batch):
+                input_ids[row, : len(ids[i])] = torch.tensor(ids[i])
+                mask[row, : len(ids[i])] = 1
+            logits = model(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device)).logits  # (B, 1)
+            scores[batch] = logits[:, 0].float().cpu()
+    return scores
+
+
+def pairwise_metrics(model, tokenizer, pairs, batch_size: int) -> dict[str, float]:
+    """Pairwise accuracy and mean margin of a reward model on preference pairs.
+
+    Args:
+        model, tokenizer, batch_size: As for :func:`score`.
+        pairs: Rows with conversational ``prompt``, ``chosen``, ``rejected`` and optionally ``corruption``.
+
+    Returns:
+        ``accuracy`` (share of pairs with r(chosen) > r(rejected); a tie counts as wrong), ``mean_margin``
+        (mean r(chosen) - r(rejected)), ``num_pairs``, and ``accuracy_<type>`` per corruption type.
+    """
+    pairs = list(pairs)
+    chosen = score(model, tokenizer, [p["prompt"] + p["chosen"] for p in pairs], batch_size)
+    rejected = score(model, tokenizer, [p["prompt"] + p["rejected"] for p in pairs], batch_size)
+    margin = chosen - rejected  # (N,)
+    correct = (margin > 0).float()  # (N,)
+    metrics = {
+        "accuracy": round(float(correct.mean()), 4),
+        "mean_margin": round(float(margin.mean()), 4),
+        "num_pairs": len(pairs),
+    }
+    by_type: dict[str, list[int]] = defaultdict(list)
+    for i, p in enumerate(pairs):
+        if "corruption" in p:
+            by_type[p["corruption"]].append(i)
+    for kind, idx in sorted(by_type.items()):
+        metrics[f"accuracy_{kind}"] = round(float(correct[idx].mean()), 4)
+    return metrics
+
+
+def run(params: Params) -> dict[str, float]:
+    """Train a reward model from models/sft on data/preference; save models/reward; score the test pairs.
+
+    A ``margin`` column in the preference data is passed to the loss when the first row has one.
+
+    Returns:
+        The training metrics of :func:`llmpipe.training.train_stage`, plus those of :func:`pairwise_metrics` on the
+        held-out pairs of ``data/preference/test.jsonl``: ``accuracy``, ``accuracy_<corruption>`` (swap, truncate,
+        syntax on the default data), ``mean_margin``, ``num_pairs``.
+
+    Raises:
+        UserError: models/sft, the tokenizer or a preference split is missing.
+    """
+    from transformers import set_seed
+    from trl import RewardTrainer
+
+    cfg = params.reward
+    data = Path(params.paths.data, "preference")
+    base = Path(params.paths.models, "sft")
+    tokenizer = load_tokenizer(params.paths.tokenizer)
+    run_dir = checkpoint_dir(params, "reward", [data, base, Path(params.paths.tokenizer)])
+    set_seed(cfg.seed)  # the score head is initialised at load
+    trainer = RewardTrainer(
+        model=load_model(base, "run the sft stage first (dvc repro sft)", num_labels=1),
+        args=reward_config(params, run_dir),
+        train_dataset=load_split(data / "train.jsonl", COLUMNS, cfg.num_samples, optional=("margin",)),
+        eval_dataset=load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples, optional=("margin",)),
+        processing_class=tokenizer,
+        callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "reward", "tensorboard"))],
+    )
+    metrics = train_stage(trainer, params, "reward", run_dir, tokenizer)
+    trainer.accelerator.wait_for_everyone()  # rank 0 has saved the model
+    saved = load_model(params.paths.out(params.paths.models, "reward"), "the reward stage did not save it", num_labels=1)
+    test = load_split(data / "test.jsonl", COLUMNS, optional=("corruption",))
+    metrics.update(pairwise_metrics(saved, tokenizer, test, cfg.per_device_eval_batch_size))
+    return metrics

@@ -1,0 +1,103 @@
+"""The `grpo` stage: params map onto TRL's GRPOConfig for every loss type TRL accepts, checkpoints can only
+fall between generation rounds, and a few steps on a tiny real model train every parameter and report the
+reward trend."""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from typing import get_args
+
+import pytest
+
+from llmpipe.config import GRPOLossType, ParamsError, load_params, parse_params
+from llmpipe.modeling import load_model
+from llmpipe.stages import grpo
+
+
+def test_loss_types_are_the_ones_trl_accepts():
+    from trl import GRPOConfig
+
+    help_text = GRPOConfig.__dataclass_fields__["loss_type"].metadata["help"]
+    supported = re.search(r"Supported values are (.*?)\.", help_text).group(1)
+    assert set(get_args(GRPOLossType)) == set(re.findall(r"'(\w+)'", supported))
+
+
+@pytest.mark.parametrize("loss_type", get_args(GRPOLossType))
+def test_every_loss_type_reaches_grpo_config(loss_type, tmp_path):
+    level = "sequence" if loss_type == "luspo" else "token"
+    params = parse_params({"grpo": {"loss_type": loss_type, "importance_sampling_level": level,
+                                    "epsilon_high": 0.28, "sapo_temperature_neg": 1.2, "vespo_k_neg": 2.5,
+                                    "generation": {"max_new_tokens": 32, "suppress_tokens": [7], "top_k": 5}}})
+    cfg = grpo.grpo_config(params, tmp_path)
+    assert (cfg.loss_type, cfg.importance_sampling_level) == (loss_type, level)
+    assert (cfg.epsilon_high, cfg.sapo_temperature_neg, cfg.vespo_k_neg) == (0.28, 1.2, 2.5)
+    assert (cfg.max_completion_length, cfg.top_k) == (32, 5)
+    assert cfg.generation_kwargs == {"suppress_tokens": [7]}
+    assert cfg.reward_weights == [s.weight for s in params.grpo.rewards]
+
+
+def test_save_steps_must_fall_between_generation_rounds():
+    with pytest.raises(ParamsError, match=r"grpo\.save_steps \(3\).*grpo\.steps_per_generation \(2\) × "
+                                          r"grpo\.num_iterations \(2\) = 4"):
+        parse_params({"grpo": {"save_steps": 3, "steps_per_generation": 2, "num_iterations": 2}})
+    ok = parse_params({"grpo": {"save_steps": 8, "steps_per_generation": 2, "num_iterations": 2}})
+    assert ok.grpo.save_steps == 8
+
+
+def test_grpo_params_that_trl_would_reject_late_fail_at_load():
+    with pytest.raises(ParamsError, match=r"not a multiple of grpo\.num_generations \(8\)"):
+        parse_params({"grpo": {"per_device_train_batch_size": 12}})
+    with pytest.raises(ParamsError, match=r"grpo\.loss_type luspo .*grpo\.importance_sampling_level to sequence"):
+        parse_params({"grpo": {"loss_type": "luspo"}})
+    with pytest.raises(ParamsError, match=r"grpo\.loss_type"):
+        parse_params({"grpo": {"loss_type": "ppo"}})
+    with pytest.raises(ParamsError, match=r"grpo\.rewards\.0\.name"):
+        parse_params({"grpo": {"rewards": [{"name": "compiles"}]}})
+
+
+def test_rl_metrics_first_and_last_tenth():
+    history = [{"reward": float(i), "completions/mean_length": 10.0 - i / 10, "frac_reward_zero_std": 0.25,
+                "kl": i / 100} for i in range(20)] + [{"train_loss": 0.1}]
+    m = grpo.rl_metrics(history)
+    assert (m["reward_first"], m["reward_last"]) == (0.5, 18.5)  # steps 0-1 and 18-19
+    assert m["reward_first_se"] == m["reward_last_se"] == pytest.approx(0.5)
+    assert m["reward_gain_z"] == pytest.approx(18 / math.hypot(0.5, 0.5), abs=1e-4)
+    assert (m["completion_length_first"], m["completion_length_last"]) == (9.95, 8.15)
+    assert m["frac_zero_std_groups"] == 0.25 and m["kl_last"] == 0.185
+
+
+@pytest.mark.slow
+def test_grpo_stage_trains_every_parameter(tiny_sft, monkeypatch):
+    monkeypatch.chdir(tiny_sft)
+    params = load_params("params.yaml")
+    initial = {n: p.detach().clone() for n, p in load_model("models/sft", "").named_parameters()}
+    metrics = grpo.run(params)
+
+    with open("logs/grpo/train.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == params.grpo.max_steps
+    assert all(math.isfinite(float(r["loss"])) and r["reward"] for r in rows), "loss and reward logged"
+    assert metrics["steps"] == params.grpo.max_steps
+
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained("models/grpo")
+    unchanged = [n for n, p in saved.named_parameters() if p.equal(initial[n])]
+    assert unchanged == [], f"parameters that did not train: {unchanged}"
+    for key in ("reward_first", "reward_last", "completion_length_first", "completion_length_last", "kl_last",
+                "frac_zero_std_groups", "eval_reward"):
+        assert math.isfinite(metrics[key]), key
+
+
+@pytest.mark.slow
+def test_grpo_resumes_from_its_checkpoint(tiny_sft, monkeypatch):
+    """Raising max_steps keeps the fingerprint, so the second run continues from the first one's last checkpoint
+    (taken between generation rounds) instead of starting over."""
+    monkeypatch.chdir(tiny_sft)
+    where = {"paths.output_root": "resume", "grpo.save_steps": 2}
+    first = grpo.run(load_params("params.yaml", {**where, "grpo.max_steps": 2}))
+    assert first["resumed_from_step"] == 0
+    second = grpo.run(load_params("params.yaml", {**where, "grpo.max_steps": 4}))
+    assert (second["resumed_from_step"], second["steps"]) == (2, 4)
