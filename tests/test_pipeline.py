@@ -32,7 +32,7 @@ def test_repro_builds_every_artifact(repo, env):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    for stage in ("baseline", "pretrain", "sft", "dpo"):
+    for stage in ("baseline", "pretrain", "sft", "dpo", "ppo", "grpo"):
         model = AutoModelForCausalLM.from_pretrained(repo / "models" / stage)
         tok = AutoTokenizer.from_pretrained(repo / "models" / stage)
         assert tok.chat_template and tok.pad_token_id != tok.eos_token_id
@@ -42,7 +42,14 @@ def test_repro_builds_every_artifact(repo, env):
         assert math.isfinite(metrics["train_loss"]) and math.isfinite(metrics["eval_loss"]), stage
         assert metrics["steps"] == 12
         assert (repo / "logs" / stage / "train.csv").read_text().count("\n") > 1
-    for model in ("baseline", "pretrain", "sft", "dpo"):
+    from transformers import AutoModelForSequenceClassification
+
+    assert AutoModelForSequenceClassification.from_pretrained(repo / "models" / "reward").config.num_labels == 1
+    for stage in ("reward", "ppo", "grpo"):
+        metrics = json.loads((repo / "metrics" / f"{stage}.json").read_text())
+        assert metrics and all(math.isfinite(v) for v in metrics.values()), stage
+        assert (repo / "logs" / stage / "train.csv").read_text().count("\n") > 1, stage
+    for model in ("baseline", "pretrain", "sft", "dpo", "ppo", "grpo"):
         metrics = json.loads((repo / "metrics" / "eval" / f"{model}.json").read_text())
         values = [v for k, v in metrics.items() if k != "wall_time_s"]
         assert values and all(math.isfinite(v) for v in values), model
@@ -77,6 +84,12 @@ def test_exp_run_lr_reruns_from_pretrain_with_fresh_checkpoints(repo, env):
 def test_exp_run_beta_reruns_only_dpo_and_after(repo, env):
     out = sh(repo, env, "dvc", "exp", "run", "-n", "beta0.2", "-S", "dpo.beta=0.2")
     assert stages_run(out) == {"dpo", "evaluate@dpo", "report"}
+    assert "resuming from" not in out
+
+
+def test_exp_run_kl_coef_reruns_only_ppo_and_after(repo, env):
+    out = sh(repo, env, "dvc", "exp", "run", "-n", "kl0.1", "-S", "ppo.kl_coef=0.1")
+    assert stages_run(out) == {"ppo", "evaluate@ppo", "report"}
     assert "resuming from" not in out
 
 
