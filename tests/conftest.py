@@ -28,6 +28,9 @@ pretrain: {max_steps: 12, per_device_train_batch_size: 4}
 sft: {max_steps: 12, per_device_train_batch_size: 4}
 reward: {max_steps: 12, per_device_train_batch_size: 4, eval_steps: 6, save_steps: 6, warmup_steps: 2, lr: 0.001}
 dpo: {max_steps: 12, per_device_train_batch_size: 4, warmup_steps: 2, lr: 0.0001, beta: 0.1}
+ppo: {max_steps: 4, per_device_train_batch_size: 4, num_mini_batches: 2, num_ppo_epochs: 2, warmup_steps: 0,
+      lr: 0.0001, logging_steps: 2, eval_steps: 4, save_steps: 2, max_eval_samples: 8, num_samples: 64,
+      rewards: [{name: parsable_prefix, weight: 1.0}], generation: {max_new_tokens: 16}}
 # grpo: a random model's completions are only short enough to parse sometimes (and so get rewards that differ
 # within a group, the only source of gradient) when they are a few tokens long.
 grpo: {max_steps: 4, per_device_train_batch_size: 4, per_device_eval_batch_size: 4, num_generations: 4, lr: 0.001,
@@ -69,8 +72,8 @@ def tiny_sft(workdir) -> Path:
 
 
 # Every stage of dvc.yaml with the tiny params (eval.models is the shipped list).
-ALL_STAGES = {"prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo", "report"} | {
-    f"evaluate@{m}" for m in ("baseline", "pretrain", "sft", "dpo")
+ALL_STAGES = {"prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo", "reward", "ppo", "grpo", "report"} | {
+    f"evaluate@{m}" for m in ("baseline", "pretrain", "sft", "dpo", "ppo", "grpo")
 }
 
 

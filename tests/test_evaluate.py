@@ -328,6 +328,32 @@ def test_report_failing_and_skipped(tmp_path):
     assert any(line.startswith("- –") and "skipped: dpo not in eval.models" in line for line in lines)
 
 
+def test_report_rl_checks_and_drift_table(tmp_path):
+    evals = {"sft": model_metrics(2.1, 1.0, 1.4, 0.55, 63.0), "grpo": model_metrics(2.1, 1.0, 1.4, 0.55, 60.0)}
+    evals["sft"] |= {"llmpipe_generation.score": 0.10, "llmpipe_generation.trivial": 0.01}
+    evals["grpo"] |= {"llmpipe_generation.score": 0.16, "llmpipe_generation.trivial": 0.02}
+    write_metrics(tmp_path, evals)
+    metrics_dir = tmp_path / "metrics"
+    (metrics_dir / "reward.json").write_text(json.dumps(
+        {"accuracy": 0.8, "accuracy_swap": 0.5, "accuracy_truncate": 0.99, "accuracy_syntax": 0.9}))
+    rl = {"reward_first": 0.2, "reward_first_se": 0.03, "reward_last": 0.325, "reward_last_se": 0.04,
+          "kl_final": 0.05, "response_length_first": 40.0, "response_length_last": 30.0}
+    (metrics_dir / "ppo.json").write_text(json.dumps(rl))  # gain 0.125 / 0.05 = 2.5 s.e.: passes
+    (metrics_dir / "grpo.json").write_text(json.dumps({**rl, "reward_last": 0.29}))  # 1.8 s.e.: fails
+    _, params = make_params(tmp_path, models=["sft", "grpo"])
+    metrics = report.run(params)
+    assert metrics["check_reward_min_accuracy"] == 0.5
+    assert metrics["check_ppo_reward_gain_se"] == pytest.approx(2.5)
+    assert metrics["check_grpo_reward_gain_se"] == pytest.approx(1.8)
+    assert metrics["check_grpo_generation_score_delta"] == pytest.approx(0.06)
+    lines = (tmp_path / "reports" / "report.md").read_text().splitlines()
+    marks = {name: next(line[2] for line in lines if line.startswith("- ") and needle in line)
+             for name, needle in [("reward", "reward model ranks"), ("ppo", "ppo raises"), ("grpo", "grpo raises"),
+                                  ("generation", "grpo's generated bodies")]}
+    assert marks == {"reward": "✗", "ppo": "✓", "grpo": "✗", "generation": "✓"}
+    assert "| ppo | 0.2 ± 0.03 | 0.325 ± 0.04 | 0.05 | 40 → 30 |" in lines
+
+
 def test_report_needs_every_models_evaluation(tmp_path):
     write_metrics(tmp_path, {"baseline": model_metrics(4.0, 4.0, 4.1, 0.3, 1.0)})
     _, params = make_params(tmp_path, models=["baseline", "sft"])

@@ -2,9 +2,9 @@
 
 Every section is a pydantic v2 model with ``extra="forbid"``, so a mistyped key is an error that
 names the key path and, where one is close, the key that was meant. The ``train`` section holds
-training defaults; each training stage section (``pretrain``, ``sft``, ``reward``, ``dpo``, ``grpo``) may
-override any of them and adds its own keys. :func:`load_params` merges ``train`` under each stage section before
-validation, so ``params.sft.lr`` is the value SFT really uses.
+training defaults; each training stage section (``pretrain``, ``sft``, ``dpo``, ``reward``, ``ppo``,
+``grpo``) may override any of them and adds its own keys. :func:`load_params` merges ``train`` under each
+stage section before validation, so ``params.sft.lr`` is the value SFT really uses.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from llmpipe.errors import UserError
 
-STAGE_SECTIONS = ("pretrain", "sft", "reward", "dpo", "grpo")
+STAGE_SECTIONS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 """Training stages whose sections inherit the ``train`` defaults."""
 
 BUDGET_KEYS = frozenset({"max_steps", "num_train_epochs"})
@@ -296,6 +296,53 @@ class RewardSpec(_Section):
     weight: float = Field(1.0, description="Multiplier of this reward in the sum.")
 
 
+class PPOParams(TrainParams):
+    """`ppo`: PPO of models/<policy> against a reward model and/or reward functions (llmpipe.rl.ppo, on Accelerate).
+
+    Batches (TRL's PPOTrainer semantics): a micro-batch is `per_device_train_batch_size` sequences and a
+    mini-batch (one optimizer step) `gradient_accumulation_steps` micro-batches. Each PPO step samples one
+    completion for each of `num_mini_batches` mini-batches of prompts (the rollout batch), then makes
+    `num_ppo_epochs` passes over it, each pass `num_mini_batches` optimizer steps. `max_steps` (or
+    `num_train_epochs` over the prompts), `warmup_steps`, `logging_steps`, `eval_steps` and `save_steps` count PPO
+    steps; `max_length` caps prompt + completion in tokens (longer prompts are skipped); `num_samples` caps
+    the training prompts; `max_eval_samples` validation prompts are scored every `eval_steps`.
+    """
+
+    policy: Literal["sft", "dpo"] = Field("sft", description="Policy and frozen reference start from models/<policy>.")
+    num_ppo_epochs: int = Field(4, gt=0, description="Passes over each rollout batch.")
+    num_mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass over a rollout batch.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount per generated token.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    cliprange: float = Field(0.2, gt=0, description="Policy ratio clip range.")
+    cliprange_value: float = Field(0.2, gt=0, description="How far a value prediction may move per rollout.")
+    vf_coef: float = Field(0.1, ge=0, description="Weight of the value loss.")
+    kl_coef: float = Field(0.05, ge=0, description="Weight of the per-token KL-to-reference penalty in the reward.")
+    kl_estimator: Literal["k1", "k3"] = Field("k1", description="Per-token KL estimator (Schulman 2020).")
+    normalize_rewards: bool = Field(True, description="Standardise sequence scores before use.")
+    normalize_method: Literal["running", "batch"] = Field(
+        "running", description="Standardise with running (checkpointed) or per-batch mean/std."
+    )
+    whiten_rewards: bool = Field(False, description="Rescale per-token rewards to unit variance (mean kept).")
+    whiten_advantages: bool = Field(True, description="Standardise advantages over each rollout batch.")
+    reward_clip: float | None = Field(None, gt=0, description="Clip scores to ±reward_clip after normalising; null = off.")
+    missing_eos_penalty: float = Field(0.0, ge=0, description="Subtracted from the score of completions without eos.")
+    ptx_coef: float = Field(0.0, ge=0, description="Weight of an LM loss on data/pretrain blocks (PPO-ptx); 0 = off.")
+    reward_model: bool = Field(True, description="Score completions with models/reward (last token of prompt+completion).")
+    rewards: list[RewardSpec] = Field([], description="Reward functions added to the score, by name and weight.")
+    generation: GenerationParams = GenerationParams()
+
+    @model_validator(mode="after")
+    def _rewarded_and_fits(self) -> PPOParams:
+        if not self.reward_model and not self.rewards:
+            raise ValueError("ppo has no reward: set ppo.reward_model to true or list ppo.rewards")
+        if self.generation.max_new_tokens >= self.max_length:
+            raise ValueError(
+                f"ppo.generation.max_new_tokens ({self.generation.max_new_tokens}) leaves no room for a prompt in "
+                f"ppo.max_length ({self.max_length}); raise max_length or lower max_new_tokens"
+            )
+        return self
+
+
 GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 """The `GRPOConfig.loss_type` values TRL 1.16 accepts (a test builds a GRPOConfig with each)."""
 
@@ -460,6 +507,7 @@ class Params(_Section):
     sft: SFTParams = SFTParams()
     reward: RewardParams = RewardParams()
     dpo: DPOParams = DPOParams()
+    ppo: PPOParams = PPOParams()
     grpo: GRPOParams = GRPOParams()
     distributed: DistributedParams = DistributedParams()
     eval: EvalParams = EvalParams()

@@ -173,14 +173,18 @@ class ThroughputLog(TrainerCallback):
             state.log_history[-1]["tokens_per_s"] = logs["tokens_per_s"]
 
 
+TRAIN_COLUMNS = ("step", "epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "num_input_tokens_seen")
+"""The first columns of ``train.csv``; every other key a stage logs per step follows, sorted."""
+
+
 def write_plots(log_history: list[dict[str, Any]], log_dir: Path) -> None:
-    """Write ``train.csv`` (step, loss, learning_rate, grad_norm, tokens_per_s, then every other key the trainer
-    logs per step, e.g. GRPO's reward) and ``eval.csv`` (step, eval_loss, …) from the trainer's whole log history
+    """Write ``train.csv`` (:data:`TRAIN_COLUMNS`, then every other key logged with a ``loss``, e.g. GRPO's or
+    PPO's reward and KL) and ``eval.csv`` (step, epoch and every ``eval_*`` key) from the whole log history
     (which checkpoints carry, so a resumed run's plots are complete)."""
-    train_cols = ["step", "epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "num_input_tokens_seen"]
     train_rows = [r for r in log_history if "loss" in r]
-    train_cols += sorted({k for r in train_rows for k in r} - set(train_cols))
-    eval_rows = list({r["step"]: r for r in log_history if "eval_loss" in r}.values())  # the final eval repeats a step
+    train_cols = [*TRAIN_COLUMNS, *sorted({k for r in train_rows for k in r} - set(TRAIN_COLUMNS))]
+    evals = [r for r in log_history if any(k.startswith("eval_") for k in r)]
+    eval_rows = list({r["step"]: r for r in evals}.values())  # the final eval repeats a step
     eval_cols = ["step", "epoch"] + sorted({k for r in eval_rows for k in r if k.startswith("eval_")})
     for name, cols, rows in (("train.csv", train_cols, train_rows), ("eval.csv", eval_cols, eval_rows)):
         with atomic_file(log_dir / name) as fh:

@@ -1,10 +1,17 @@
-"""The three claims the pipeline must show, computed from the evaluation metrics of its models.
+"""The claims the pipeline must show, computed from the evaluation metrics of its models and the metrics of
+its training stages.
 
 1. Pretraining works: ``pretrain`` has at most :data:`PRETRAIN_MAX_BPB_RATIO` × the untrained ``baseline``'s
    bits per byte on held-out code (``llmpipe_perplexity``).
 2. SFT works: ``sft`` has lower response bits per byte than ``pretrain`` in the chat format (``llmpipe_sft_chat``).
 3. DPO works: ``dpo`` prefers the real body over the corrupted one more often than ``sft`` (``llmpipe_preference``
    acc_norm).
+4. The reward model ranks held-out pairs right at least :data:`REWARD_MIN_ACCURACY` of the time, overall and
+   for each corruption type (``metrics/reward.json``).
+5. PPO and GRPO raise the reward: the mean reward over the last 10% of steps exceeds the first 10%'s by at
+   least :data:`RL_MIN_GAIN_SE` standard errors (of the difference) (``metrics/{ppo,grpo}.json``).
+6. GRPO writes better code: ``grpo``'s generation score is at least :data:`GRPO_MIN_SCORE_GAIN` above ``sft``'s
+   (``llmpipe_generation.score``).
 
 A check whose models are not evaluated (not in ``eval.models``) or whose metric is missing is skipped.
 """
@@ -18,6 +25,15 @@ Metrics = dict[str, dict[str, float]]
 
 PRETRAIN_MAX_BPB_RATIO = 0.6
 """Largest pretrain / baseline ratio of ``llmpipe_perplexity.bits_per_byte`` that passes check 1."""
+
+REWARD_MIN_ACCURACY = 0.75
+"""Smallest held-out pairwise accuracy of the reward model, overall and per corruption type (check 4)."""
+
+RL_MIN_GAIN_SE = 2.0
+"""Smallest reward gain, last 10% of steps over the first 10%, in standard errors of the difference (check 5)."""
+
+GRPO_MIN_SCORE_GAIN = 0.05
+"""Smallest gain of ``llmpipe_generation.score`` from sft to grpo (check 6): 5 points."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +123,66 @@ def dpo_vs_sft(evals: Metrics) -> Check:
     return Check(claim, metric, ours - ref, ours > ref, detail)
 
 
-def run_checks(evals: Metrics) -> list[Check]:
-    """All three checks, in order."""
-    return [pretrain_vs_baseline(evals), sft_vs_pretrain(evals), dpo_vs_sft(evals)]
+def reward_accuracy(stages: Metrics) -> Check:
+    """Check 4; its value is the smallest of the overall and per-type held-out accuracies."""
+    claim = (f"the reward model ranks held-out pairs right at least {REWARD_MIN_ACCURACY} of the time, overall "
+             "and for each corruption type (metrics/reward.json)")
+    metric = "check_reward_min_accuracy"
+    m = stages.get("reward")
+    if m is None or "accuracy" not in m:
+        return _skipped(claim, metric, "skipped: no metrics/reward.json with an accuracy (run the reward stage)")
+    values = {k: v for k, v in m.items() if k == "accuracy" or (k.startswith("accuracy_") and not k.endswith("_se"))}
+    worst = min(values.values())
+    detail = ", ".join(f"{k.removeprefix('accuracy_') if k != 'accuracy' else 'overall'} {v:.3f}"
+                       for k, v in values.items())
+    return Check(claim, metric, worst, worst >= REWARD_MIN_ACCURACY, detail)
+
+
+def rl_reward_gain(stages: Metrics, stage: str) -> Check:
+    """Check 5 for `stage` (ppo or grpo); its value is the gain in standard errors of the difference."""
+    claim = (f"{stage} raises the reward: the mean over the last 10% of steps exceeds the first 10%'s by at least "
+             f"{RL_MIN_GAIN_SE:g} standard errors (metrics/{stage}.json)")
+    metric = f"check_{stage}_reward_gain_se"
+    m = stages.get(stage)
+    keys = ("reward_first", "reward_first_se", "reward_last", "reward_last_se")
+    if m is None or any(k not in m for k in keys):
+        return _skipped(claim, metric, f"skipped: no reward_first/last in metrics/{stage}.json (run the {stage} stage)")
+    first, first_se, last, last_se = (m[k] for k in keys)
+    se = (first_se**2 + last_se**2) ** 0.5
+    gain = (last - first) / se if se > 0 else float("inf") if last > first else 0.0
+    detail = f"first 10% {first:.3f} ± {first_se:.3f} → last 10% {last:.3f} ± {last_se:.3f} ({gain:+.1f} s.e.)"
+    return Check(claim, metric, gain, gain >= RL_MIN_GAIN_SE, detail)
+
+
+def grpo_vs_sft(evals: Metrics) -> Check:
+    """Check 6; its value is grpo − sft of ``llmpipe_generation.score``."""
+    claim = (f"grpo's generated bodies parse and define the function at least {GRPO_MIN_SCORE_GAIN * 100:g} points "
+             "more often than sft's (llmpipe_generation.score)")
+    metric = "check_grpo_generation_score_delta"
+    pair = _pair(evals, "llmpipe_generation.score", "grpo", "sft")
+    if isinstance(pair, str):
+        return _skipped(claim, metric, pair)
+    ours, ref = pair
+    detail = f"sft {ref:.3f} → grpo {ours:.3f} ({ours - ref:+.3f})"
+    trivial = _pair(evals, "llmpipe_generation.trivial", "grpo", "sft")
+    if not isinstance(trivial, str):
+        detail += f"; trivial bodies: sft {trivial[1]:.3f} → grpo {trivial[0]:.3f}"
+    return Check(claim, metric, ours - ref, ours - ref >= GRPO_MIN_SCORE_GAIN - 1e-9, detail)
+
+
+def run_checks(evals: Metrics, stages: Metrics) -> list[Check]:
+    """Every check, in order.
+
+    Args:
+        evals: Evaluation metrics per model.
+        stages: Training-stage metrics per stage (``metrics/<stage>.json``); missing stages are skipped.
+    """
+    return [
+        pretrain_vs_baseline(evals),
+        sft_vs_pretrain(evals),
+        dpo_vs_sft(evals),
+        reward_accuracy(stages),
+        rl_reward_gain(stages, "ppo"),
+        rl_reward_gain(stages, "grpo"),
+        grpo_vs_sft(evals),
+    ]

@@ -16,6 +16,7 @@ TASKS: dict[str, str] = {
     "sft": "Supervised fine-tuning on chat pairs (TRL SFTTrainer), loss on assistant turns.",
     "reward": "Reward model (TRL RewardTrainer) from the SFT model on preference pairs; held-out pairwise accuracy.",
     "dpo": "Direct preference optimisation (TRL DPOTrainer) from the SFT model.",
+    "ppo": "PPO (llmpipe.rl.ppo on Accelerate) of the SFT/DPO model against the reward model and reward functions.",
     "grpo": "Group relative policy optimisation (TRL GRPOTrainer) of the SFT model against verifiable rewards.",
     "evaluate": "lm-evaluation-harness on one model (--model NAME).",
     "report": "reports/report.md: every model × metric, task descriptions, stage wall times.",
@@ -24,7 +25,7 @@ TASKS: dict[str, str] = {
 
 ALIASES: dict[str, str] = {"lm": "pretrain"}
 
-TRAINING_TASKS = ("pretrain", "sft", "reward", "dpo", "grpo")
+TRAINING_TASKS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 
 
 def resolve(task: str) -> str:

@@ -19,7 +19,7 @@ from llmpipe.evaluation.checks import Check, Metrics, run_checks
 from llmpipe.evaluation.tasks import LOCAL_TASKS
 from llmpipe.io import atomic_file
 
-STAGES = ("prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo")
+STAGES = ("prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 """Stages whose ``metrics/<stage>.json`` the report reads (missing files are skipped)."""
 
 TRAINING_COLUMNS = ("train_loss", "eval_loss", "steps", "tokens_per_s", "num_parameters")
@@ -146,6 +146,31 @@ def training_section(stage_metrics: dict[str, dict[str, Any]]) -> list[str]:
     return ["## Training", "", *table(["stage", *TRAINING_COLUMNS], rows), ""]
 
 
+RL_STAGES = ("ppo", "grpo")
+
+
+def rl_section(stage_metrics: dict[str, dict[str, Any]]) -> list[str]:
+    """The RL stages' drift from where they started: reward, KL to the reference, response length."""
+    header = ["stage", "reward first 10%", "reward last 10%", "KL to reference (final)", "response tokens first → last"]
+    rows = []
+    for stage in RL_STAGES:
+        m = stage_metrics.get(stage)
+        if m is None or "reward_first" not in m:
+            continue
+        rows.append([
+            stage,
+            f"{fmt(m['reward_first'])} ± {fmt(m.get('reward_first_se'))}",
+            f"{fmt(m.get('reward_last'))} ± {fmt(m.get('reward_last_se'))}",
+            fmt(m.get("kl_final")),
+            f"{fmt(m.get('response_length_first'))} → {fmt(m.get('response_length_last'))}",
+        ])
+    if not rows:
+        return []
+    note = ("Reward hacking shows as reward up while the generation task's score stays flat, the share of trivial "
+            "bodies (llmpipe_generation.trivial) rises, or responses shrink or grow far from where they started.")
+    return ["## RL stages", "", *table(header, rows), "", note, ""]
+
+
 def wall_time_section(stage_metrics: dict[str, dict[str, Any]], evals: Metrics) -> list[str]:
     times = {stage: m["wall_time_s"] for stage, m in stage_metrics.items() if "wall_time_s" in m}
     times |= {f"evaluate@{model}": m["wall_time_s"] for model, m in evals.items() if "wall_time_s" in m}
@@ -169,6 +194,7 @@ def render(params: Params, evals: Metrics, stage_metrics: dict[str, dict[str, An
         *results_section(tasks, evals),
         *tasks_section(tasks, evals),
         *training_section(stage_metrics),
+        *rl_section(stage_metrics),
         *wall_time_section(stage_metrics, evals),
     ]
     return "\n".join(lines)
@@ -178,9 +204,8 @@ def run(params: Params) -> dict[str, float]:
     """Write ``<paths.reports>/report.md`` (under ``paths.output_root``).
 
     Returns:
-        The checks' numbers (``check_pretrain_bpb_ratio``, ``check_sft_chat_bpb_delta``,
-        ``check_dpo_preference_acc_norm_delta``; a skipped check is absent), ``num_checks`` (run) and
-        ``num_checks_passed``.
+        The checks' numbers (``check_<name>`` of :mod:`llmpipe.evaluation.checks`; a skipped check is absent),
+        ``num_checks`` (run) and ``num_checks_passed``.
 
     Raises:
         UserError: A model in ``eval.models`` has no evaluation metrics, or a metrics file is malformed.
@@ -191,7 +216,7 @@ def run(params: Params) -> dict[str, float]:
         data = read_metrics(Path(params.paths.metrics, f"{stage}.json"))
         if data is not None:
             stage_metrics[stage] = data
-    checks = run_checks(evals)
+    checks = run_checks(evals, stage_metrics)
     with atomic_file(params.paths.out(params.paths.reports, "report.md")) as fh:
         fh.write(render(params, evals, stage_metrics, checks) + "\n")
     done = [c for c in checks if c.passed is not None]

@@ -1,0 +1,627 @@
+"""`ppo` stage: PPO (Ouyang et al. 2022; Huang et al. 2024) of models/<policy> on the SFT prompts, with
+the algorithm of :mod:`llmpipe.rl.ppo` run on Accelerate (TRL ≥ 1.13 has no PPOTrainer).
+
+Per PPO step: take the next prompts of a seeded permutation, sample completions (left-padded batched
+`generate`), score them with the reward model and/or the reward functions, compute log-probabilities
+under the policy and the frozen reference and values under the value model (all without grad), turn
+score and per-token KL into per-token rewards and GAE advantages, then make `num_ppo_epochs` passes of
+`num_mini_batches` optimizer steps over the batch.
+
+Models: the policy and the reference are causal LMs from models/<policy>; the value model and the reward
+model are one-label `AutoModelForSequenceClassification` models from models/reward, whose backbone and
+`score` head run on every position (a value per token; the reward is the score of the last real token).
+One optimizer holds policy and value parameters, as in TRL's PPOTrainer: the models share no parameters,
+so the one loss ``pg + vf_coef * vf`` gives each its own gradient, and one optimizer means one state and
+one schedule to checkpoint; gradients are clipped per model, so a large value gradient never shrinks
+the policy's step.
+
+Checkpoints (``checkpoints/ppo/<fingerprint>/checkpoint-<step>/``) hold what `Accelerator.save_state`
+saves (both models, optimizer, scheduler, RNG states, the running reward statistics and the prompt
+position) plus ``trainer_state.json`` (per-step history, including each step's prompt indices, and the
+log records); a restarted run resumes the newest and sees exactly the prompts an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from llmpipe.config import Params, PPOParams
+from llmpipe.data.loading import load_split
+from llmpipe.errors import UserError
+from llmpipe.io import atomic_dir, write_json
+from llmpipe.modeling import count_parameters, load_model, load_tokenizer, save_model
+from llmpipe.rewards import compute_rewards
+from llmpipe.rl.ppo import (
+    KL_ESTIMATORS,
+    RunningMeanStd,
+    entropy_from_logits,
+    gae,
+    logprobs_from_logits,
+    masked_mean,
+    policy_loss,
+    shape_scores,
+    token_rewards,
+    value_loss,
+    whiten,
+)
+from llmpipe.stages.pretrain import pack
+from llmpipe.training import checkpoint_dir, last_checkpoint, resolve_precision, training_kwargs, write_plots
+
+log = logging.getLogger(__name__)
+
+LOG_COLUMNS = (
+    "step", "epoch", "loss", "reward", "reward_std", "kl", "entropy", "policy_loss", "value_loss", "ptx_loss",
+    "clip_fraction", "value_clip_fraction", "approx_kl", "response_length", "eos_fraction", "tokens_per_s",
+    "learning_rate", "grad_norm",
+)  # fmt: skip
+"""Columns of ``logs/ppo/train.csv`` (means over the `logging_steps` window)."""
+
+
+def prompts_per_step(cfg: PPOParams) -> int:
+    """The rollout batch: micro-batch × gradient accumulation × mini-batches (TRL's PPOTrainer sizes)."""
+    return cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.num_mini_batches
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """The prompts of one split, those that fit the token budget, in file order."""
+
+    texts: list[str]
+    """The user turn as plain text (signature + docstring): what the reward functions score."""
+    names: list[str]
+    """The requested function name of each prompt."""
+    ids: list[list[int]]
+    """The user turn rendered with the chat template and its generation prompt, as token ids."""
+
+
+def load_prompts(path: Path, tokenizer, max_prompt_tokens: int, limit: int | None) -> Prompts:
+    """The user turns of a prepared SFT split, rendered with ``add_generation_prompt=True``.
+
+    Args:
+        path: ``data/sft/<split>.jsonl`` (rows with ``messages`` and ``name``).
+        tokenizer: The pipeline tokenizer (its chat template adds bos and the role tokens).
+        max_prompt_tokens: Longer rendered prompts are skipped (they leave no room for the completion).
+        limit: Keep at most this many prompts (after skipping); None = all.
+
+    Raises:
+        UserError: The file is missing or malformed, or no prompt fits `max_prompt_tokens`.
+    """
+    rows = load_split(path, ("messages", "name"))
+    texts, names, ids = [], [], []
+    for messages, name in zip(rows["messages"], rows["name"]):
+        user = next(m for m in messages if m["role"] == "user")
+        rendered = tokenizer.apply_chat_template([user], add_generation_prompt=True, tokenize=False)
+        tokens = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        if len(tokens) <= max_prompt_tokens:
+            texts.append(user["content"])
+            names.append(name)
+            ids.append(tokens)
+    if not ids:
+        raise UserError(
+            f"{path}: no prompt fits in {max_prompt_tokens} tokens (ppo.max_length - ppo.generation.max_new_tokens)"
+        )
+    log.info("ppo: %d prompts of %d in %s fit in %d tokens", len(ids), len(rows), path, max_prompt_tokens)
+    return Prompts(texts[:limit], names[:limit], ids[:limit])
+
+
+class IndexStream:
+    """An endless stream of indices into ``range(n)``: epoch ``e`` is a permutation seeded with ``seed + e``.
+
+    Its position (epoch, index within the epoch's permutation) is its checkpointed state, so a resumed run
+    continues the same sequence.
+    """
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch, self.index = n, seed, 0, 0
+
+    def _permutation(self) -> list[int]:
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+
+    def take(self, count: int) -> list[int]:
+        """The next `count` indices, crossing into the next epoch's permutation when one runs out."""
+        out: list[int] = []
+        while len(out) < count:
+            perm = self._permutation()
+            part = perm[self.index : self.index + count - len(out)]
+            out += part
+            self.index += len(part)
+            if self.index == self.n:
+                self.epoch, self.index = self.epoch + 1, 0
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "index"}``."""
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+
+def load_value_model(path: Path):
+    """A one-label `AutoModelForSequenceClassification` with a `score` head (what the reward stage saves).
+
+    Raises:
+        UserError: The folder is missing, or the model has more than one label or no `score` head.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    if not (path / "config.json").exists():
+        raise UserError(f"{path}: no model there; run the reward stage first (dvc repro reward)")
+    model = AutoModelForSequenceClassification.from_pretrained(path)
+    if model.config.num_labels != 1 or not hasattr(model, "score"):
+        raise UserError(f"{path}: expected a one-label sequence-classification model with a `score` head")
+    return model
+
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """Positions that skip left padding, as `generate` computes them: ``(B, L)``."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def hidden_states(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """Last hidden states ``(B, L, H)`` of a sequence-classification model's backbone."""
+    backbone = getattr(model, model.base_model_prefix)
+    out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
+    return out.last_hidden_state
+
+
+def response_logits(policy, input_ids: Tensor, attention_mask: Tensor, response_len: int, temperature: float):
+    """Logits ``(B, R, V)`` that predicted each of the last `response_len` tokens, divided by `temperature`."""
+    out = policy(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask),
+        logits_to_keep=response_len + 1,
+    )
+    return out.logits[:, :-1].float() / temperature
+
+
+@dataclass
+class Batch:
+    """Prompts with sampled completions: ``L = P + R`` tokens, prompt left-padded, response right-padded."""
+
+    input_ids: Tensor  # (B, L)
+    attention_mask: Tensor  # (B, L)
+    mask: Tensor  # (B, R) 1 on response tokens up to and including the first eos
+    contains_eos: Tensor  # (B,) bool
+    completions: list[str]  # decoded responses without special tokens
+
+    @property
+    def response_len(self) -> int:
+        return self.mask.shape[1]
+
+    @property
+    def responses(self) -> Tensor:
+        return self.input_ids[:, -self.response_len :]
+
+
+@dataclass
+class PPORun:
+    """Everything one PPO run holds; :meth:`step` is one PPO iteration."""
+
+    cfg: PPOParams
+    accelerator: Any
+    tokenizer: Any
+    policy: Any
+    ref_policy: Any
+    value_model: Any
+    reward_model: Any | None
+    optimizer: Any
+    scheduler: Any
+    train: Prompts
+    valid: Prompts
+    stream: IndexStream
+    running: RunningMeanStd
+    ptx_blocks: Any | None = None
+    ptx_stream: IndexStream | None = None
+
+    @property
+    def mini_batch_size(self) -> int:
+        """Sequences per optimizer step."""
+        return self.cfg.per_device_train_batch_size * self.cfg.gradient_accumulation_steps
+
+    @property
+    def rollout_batch_size(self) -> int:
+        """Prompts per PPO step."""
+        return prompts_per_step(self.cfg)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]]) -> Batch:
+        """Sample one completion per prompt with the `generation` params (left-padded, one batch)."""
+        from transformers import GenerationConfig
+
+        g, tok = self.cfg.generation, self.tokenizer
+        device = self.accelerator.device
+        longest = max(len(p) for p in prompt_ids)
+        ids = torch.tensor([[tok.pad_token_id] * (longest - len(p)) + p for p in prompt_ids], device=device)
+        prompt_mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
+        config = GenerationConfig(
+            do_sample=True,
+            max_new_tokens=g.max_new_tokens,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            top_k=g.top_k,
+            min_p=g.min_p,
+            repetition_penalty=g.repetition_penalty,
+            suppress_tokens=g.suppress_tokens or None,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            use_cache=True,
+        )
+        policy = self.accelerator.unwrap_model(self.policy)
+        policy.eval()
+        out = policy.generate(input_ids=ids, attention_mask=prompt_mask, generation_config=config)
+        policy.train()
+        responses = out[:, longest:]
+        is_eos = responses == tok.eos_token_id
+        contains_eos = is_eos.any(1)
+        steps = torch.arange(responses.shape[1], device=device)
+        length = torch.where(contains_eos, is_eos.int().argmax(1) + 1, responses.shape[1])
+        mask = (steps[None, :] < length[:, None]).long()
+        responses = responses.masked_fill(mask == 0, tok.pad_token_id)
+        return Batch(
+            input_ids=torch.cat([ids, responses], 1),
+            attention_mask=torch.cat([prompt_mask, mask], 1),
+            mask=mask,
+            contains_eos=contains_eos,
+            completions=tok.batch_decode(responses, skip_special_tokens=True),
+        )
+
+    @torch.no_grad()
+    def score(self, batch: Batch, texts: list[str], names: list[str]) -> Tensor:
+        """Raw sequence scores ``(B,)``: the reward model's score of the last real token, plus the weighted
+        reward functions of the plain prompt and the completion."""
+        scores = torch.zeros(len(texts), device=self.accelerator.device)
+        if self.reward_model is not None:
+            hidden = hidden_states(self.reward_model, batch.input_ids, batch.attention_mask)
+            last = batch.input_ids.shape[1] - batch.response_len + batch.mask.sum(1) - 1
+            scores += self.reward_model.score(hidden[torch.arange(len(texts)), last]).squeeze(-1).float()
+        if self.cfg.rewards:
+            scores += compute_rewards(self.cfg.rewards, texts, batch.completions, names).to(scores.device)
+        return scores
+
+    def _chunks(self, n: int, size: int) -> list[slice]:
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    @torch.no_grad()
+    def rollout(self, indices: list[int]) -> tuple[dict[str, Tensor], dict[str, float]]:
+        """Generate, score and evaluate the rollout batch of prompts `indices`.
+
+        Returns:
+            The tensors the update needs (``input_ids``, ``attention_mask``, ``mask``, ``logprobs``,
+            ``values``, ``advantages``, ``returns``; ``(B, ·)``) and the step's rollout statistics.
+        """
+        cfg, acc = self.cfg, self.accelerator
+        start = time.perf_counter()
+        batch = self.generate([self.train.ids[i] for i in indices])
+        generation_s = time.perf_counter() - start
+        with acc.autocast():
+            raw = self.score(batch, [self.train.texts[i] for i in indices], [self.train.names[i] for i in indices])
+            parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "entropy": [], "values": []}
+            for s in self._chunks(len(indices), cfg.per_device_train_batch_size):
+                ids, am = batch.input_ids[s], batch.attention_mask[s]
+                logits = response_logits(self.policy, ids, am, batch.response_len, cfg.generation.temperature)
+                parts["logprobs"].append(logprobs_from_logits(logits, batch.responses[s]))
+                parts["entropy"].append(entropy_from_logits(logits))
+                ref_logits = response_logits(self.ref_policy, ids, am, batch.response_len, cfg.generation.temperature)
+                parts["ref_logprobs"].append(logprobs_from_logits(ref_logits, batch.responses[s]))
+                hidden = hidden_states(self.value_model, ids, am)[:, -batch.response_len - 1 : -1]
+                parts["values"].append(self.value_model.score(hidden).squeeze(-1).float())
+        logp, ref_logp, entropy, values = (
+            torch.cat(parts[k]) for k in ("logprobs", "ref_logprobs", "entropy", "values")
+        )
+        mask = batch.mask
+        kl = KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp) * mask
+        method = cfg.normalize_method if cfg.normalize_rewards else "none"
+        scores = shape_scores(raw, batch.contains_eos, method, self.running, cfg.reward_clip, cfg.missing_eos_penalty)
+        rewards = token_rewards(scores, kl, mask, cfg.kl_coef)
+        if cfg.whiten_rewards:
+            rewards = whiten(rewards, mask, shift_mean=False)
+        advantages, returns = gae(rewards, values * mask, mask, cfg.gamma, cfg.lam)
+        if cfg.whiten_advantages:
+            advantages = whiten(advantages, mask)
+        lengths = mask.sum(1).float()
+        stats = {
+            "reward": raw.mean().item(),
+            "reward_std": raw.std(unbiased=False).item(),
+            "kl": kl.sum(1).mean().item(),
+            "entropy": masked_mean(entropy, mask).item(),
+            "response_length": lengths.mean().item(),
+            "eos_fraction": batch.contains_eos.float().mean().item(),
+            "tokens_per_s": lengths.sum().item() / max(generation_s, 1e-9),
+        }
+        tensors = {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "mask": mask,
+            "logprobs": logp,
+            "values": values * mask,
+            "advantages": advantages,
+            "returns": returns,
+        }
+        return tensors, stats
+
+    def _micro_losses(self, data: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
+        cfg = self.cfg
+        ids, am, mask = data["input_ids"][rows], data["attention_mask"][rows], data["mask"][rows]
+        response_len = mask.shape[1]
+        logits = response_logits(self.policy, ids, am, response_len, cfg.generation.temperature)
+        logp = logprobs_from_logits(logits, ids[:, -response_len:])
+        hidden = hidden_states(self.value_model, ids, am)[:, -response_len - 1 : -1]
+        values = self.value_model.score(hidden).squeeze(-1).float()
+        pg = policy_loss(logp, data["logprobs"][rows], data["advantages"][rows], mask, cfg.cliprange)
+        vf, vf_clip = value_loss(values, data["values"][rows], data["returns"][rows], mask, cfg.cliprange_value)
+        out = {
+            "loss": pg.loss + cfg.vf_coef * vf,
+            "policy_loss": pg.loss,
+            "value_loss": vf,
+            "clip_fraction": pg.clip_fraction,
+            "value_clip_fraction": vf_clip,
+            "approx_kl": pg.approx_kl,
+        }
+        if self.ptx_blocks is not None:
+            blocks = self.ptx_blocks.blocks[self.ptx_stream.take(len(rows))].to(ids.device)
+            out["ptx_loss"] = self.policy(input_ids=blocks, labels=blocks).loss
+            out["loss"] = out["loss"] + cfg.ptx_coef * out["ptx_loss"]
+        return out
+
+    def update(self, data: dict[str, Tensor]) -> dict[str, float]:
+        """`num_ppo_epochs` × `num_mini_batches` optimizer steps on a rollout; returns mean losses and stats."""
+        cfg, acc = self.cfg, self.accelerator
+        sums: dict[str, float] = {}
+        count = 0
+        norms = []
+        for _ in range(cfg.num_ppo_epochs):
+            order = torch.randperm(self.rollout_batch_size, device=acc.device)
+            for mini in self._chunks(self.rollout_batch_size, self.mini_batch_size):
+                for micro in self._chunks(self.mini_batch_size, cfg.per_device_train_batch_size):
+                    rows = order[mini][micro]
+                    with acc.autocast():
+                        losses = self._micro_losses(data, rows)
+                    acc.backward(losses["loss"] / cfg.gradient_accumulation_steps)
+                    for k, v in losses.items():
+                        sums[k] = sums.get(k, 0.0) + v.item()
+                    count += 1
+                acc.unscale_gradients()
+                max_norm = cfg.max_grad_norm or math.inf
+                norms.append(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_norm).item())
+                torch.nn.utils.clip_grad_norm_(self.value_model.parameters(), max_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+        stats = {k: v / count for k, v in sums.items()}
+        stats["grad_norm"] = sum(norms) / len(norms)
+        stats["learning_rate"] = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        return stats
+
+    def step(self) -> dict[str, Any]:
+        """One PPO iteration on the next prompts; returns its statistics and prompt indices."""
+        indices = self.stream.take(self.rollout_batch_size)
+        data, stats = self.rollout(indices)
+        stats.update(self.update(data))
+        stats["prompts"] = indices
+        return stats
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean raw score and response length on the validation prompts (sampled with a fixed seed, so the
+        training RNG stream is untouched)."""
+        cfg = self.cfg
+        scores, lengths = [], []
+        devices = [self.accelerator.device.index or 0] if self.accelerator.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), self.accelerator.autocast():
+            torch.manual_seed(cfg.seed)
+            for s in self._chunks(len(self.valid.ids), cfg.per_device_eval_batch_size):
+                batch = self.generate(self.valid.ids[s])
+                scores.append(self.score(batch, self.valid.texts[s], self.valid.names[s]))
+                lengths.append(batch.mask.sum(1).float())
+        return {
+            "eval_reward": torch.cat(scores).mean().item(),
+            "eval_response_length": torch.cat(lengths).mean().item(),
+        }
+
+
+def _optimizer(params: Params, run_dir: Path, models: list) -> torch.optim.Optimizer:
+    """The `train.optim` optimizer over both models (HF Trainer's mapping of our params); weight decay on
+    matrices and embeddings only (parameters of 2+ dimensions), as in GPT-2/nanoGPT."""
+    from transformers import Trainer, TrainingArguments
+
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(TrainingArguments(**training_kwargs(params, "ppo", run_dir)))
+    weights = [p for m in models for p in m.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in weights if p.ndim >= 2], "weight_decay": params.ppo.weight_decay},
+        {"params": [p for p in weights if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return cls(groups, **kwargs)
+
+
+def _total_steps(cfg: PPOParams, num_prompts: int) -> int:
+    """`max_steps`, or as many PPO steps as `num_train_epochs` passes over the prompts take."""
+    if cfg.max_steps > 0:
+        return cfg.max_steps
+    return max(1, math.ceil(cfg.num_train_epochs * num_prompts / prompts_per_step(cfg)))
+
+
+def _pooled(rows: list[dict[str, Any]], n: int) -> tuple[float, float]:
+    """Mean and standard error of the raw scores of all sequences in `rows` (steps of `n` sequences each)."""
+    means = torch.tensor([r["reward"] for r in rows], dtype=torch.float64)
+    second = torch.tensor([r["reward_std"] ** 2 + r["reward"] ** 2 for r in rows], dtype=torch.float64)
+    total = n * len(rows)
+    mean = means.mean().item()
+    var = max(second.mean().item() - mean**2, 0.0) * total / max(total - 1, 1)
+    return mean, math.sqrt(var / total)
+
+
+def _window_record(history: list[dict[str, Any]], step: int, steps_per_epoch: float) -> dict[str, Any]:
+    keys = [k for k in LOG_COLUMNS if k in history[-1] and k != "step"]
+    record = {k: sum(r[k] for r in history) / len(history) for k in keys}
+    return {"step": step, "epoch": round(step / steps_per_epoch, 4), **record}
+
+
+def _save_checkpoint(run: PPORun, run_dir: Path, state: dict[str, Any], keep: int) -> None:
+    path = run_dir / f"checkpoint-{state['step']}"
+    with atomic_dir(path) as tmp:
+        run.accelerator.save_state(str(tmp))
+        write_json(tmp / "trainer_state.json", state)
+    done = sorted((p for p in run_dir.glob("checkpoint-*") if p.name[11:].isdigit()), key=lambda p: int(p.name[11:]))
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _summary(history: list[dict[str, Any]], rollout_batch_size: int) -> dict[str, float]:
+    k = max(1, math.ceil(0.1 * len(history)))
+    first, last = history[:k], history[-k:]
+    reward_first, se_first = _pooled(first, rollout_batch_size)
+    reward_last, se_last = _pooled(last, rollout_batch_size)
+    return {
+        "reward_first": round(reward_first, 5),
+        "reward_first_se": round(se_first, 5),
+        "reward_last": round(reward_last, 5),
+        "reward_last_se": round(se_last, 5),
+        "kl_final": round(history[-1]["kl"], 5),
+        "response_length_first": round(sum(r["response_length"] for r in first) / k, 3),
+        "response_length_last": round(sum(r["response_length"] for r in last) / k, 3),
+    }
+
+
+def _build(params: Params, tokenizer, train: Prompts, valid: Prompts, run_dir: Path) -> tuple[PPORun, int]:
+    """Models, optimizer and schedule on an `Accelerator`, and the checkpointed state objects registered.
+
+    Returns:
+        The run and its number of PPO steps.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from transformers import get_scheduler
+
+    cfg, paths = params.ppo, params.paths
+    set_seed(cfg.seed)
+    policy_dir = Path(paths.models, cfg.policy)
+    missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
+    policy, ref_policy = load_model(policy_dir, missing), load_model(policy_dir, missing)
+    if cfg.max_length > policy.config.max_position_embeddings:
+        raise UserError(
+            f"ppo.max_length ({cfg.max_length}) exceeds the max_position_embeddings of {policy_dir} "
+            f"({policy.config.max_position_embeddings}); lower it"
+        )
+    value_model = load_value_model(Path(paths.models, "reward"))
+    reward_model = load_value_model(Path(paths.models, "reward")) if cfg.reward_model else None
+    if params.distributed.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+        value_model.gradient_checkpointing_enable()
+    optimizer = _optimizer(params, run_dir, [policy, value_model])  # before the Accelerator: it resets its state
+    total_steps = _total_steps(cfg, len(train.ids))
+    scheduler = get_scheduler(cfg.lr_scheduler_type, optimizer, cfg.warmup_steps, total_steps)
+
+    bf16, fp16 = resolve_precision(cfg.precision)
+    mixed_precision = "bf16" if bf16 else "fp16" if fp16 else "no"
+    accelerator = Accelerator(mixed_precision=mixed_precision, cpu=not torch.cuda.is_available())
+    for frozen in (ref_policy, reward_model):
+        if frozen is not None:
+            frozen.eval().requires_grad_(False).to(accelerator.device)
+    policy, value_model, optimizer, scheduler = accelerator.prepare(policy, value_model, optimizer, scheduler)
+    run = PPORun(
+        cfg=cfg, accelerator=accelerator, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy,
+        value_model=value_model, reward_model=reward_model, optimizer=optimizer, scheduler=scheduler,
+        train=train, valid=valid, stream=IndexStream(len(train.ids), cfg.seed), running=RunningMeanStd(),
+    )  # fmt: skip
+    accelerator.register_for_checkpointing(run.stream, run.running)
+    if cfg.ptx_coef > 0:
+        run.ptx_blocks = pack(Path(paths.data, "pretrain", "train.jsonl"), tokenizer, cfg.max_length)
+        run.ptx_stream = IndexStream(len(run.ptx_blocks), cfg.seed)
+        accelerator.register_for_checkpointing(run.ptx_stream)
+    return run, total_steps
+
+
+def _train(run: PPORun, state: dict[str, Any], total_steps: int, run_dir: Path, tensorboard) -> None:
+    """PPO steps from ``state["step"]`` to `total_steps`: log every `logging_steps` (window means), evaluate
+    every `eval_steps`, checkpoint every `save_steps`, and all three at the last step."""
+    cfg = run.cfg
+    steps_per_epoch = len(run.train.ids) / run.rollout_batch_size
+    while state["step"] < total_steps:
+        state["history"].append(run.step())
+        state["step"] += 1
+        step = state["step"]
+        records = []
+        if step % cfg.logging_steps == 0 or step == total_steps:
+            window = (step - 1) % cfg.logging_steps + 1  # steps since the last log line
+            records.append(_window_record(state["history"][-window:], step, steps_per_epoch))
+        if step % cfg.eval_steps == 0 or step == total_steps:
+            records.append({"step": step, "epoch": round(step / steps_per_epoch, 4), **run.evaluate()})
+        for record in records:
+            state["log_history"].append(record)
+            values = {k: v for k, v in record.items() if k not in ("step", "epoch")}
+            log.info("ppo step %d/%d: %s", step, total_steps, ", ".join(f"{k} {v:.4g}" for k, v in values.items()))
+            for k, v in values.items():
+                tensorboard.add_scalar(f"{'eval' if k.startswith('eval_') else 'train'}/{k}", v, step)
+        if step % cfg.save_steps == 0 or step == total_steps:
+            _save_checkpoint(run, run_dir, state, cfg.save_total_limit)
+
+
+def run(params: Params) -> dict[str, float]:
+    """PPO-train models/<policy> against models/reward and/or reward functions; save models/ppo.
+
+    Returns:
+        ``reward_first``/``reward_last`` (mean raw score over the first/last 10% of steps) with their standard
+        errors ``*_se``, ``kl_final`` (summed per-token KL to the reference, last step), ``response_length_first``
+        / ``_last`` (tokens), ``eval_reward`` (validation prompts, final policy), ``steps``,
+        ``resumed_from_step`` (0 for a fresh run), ``num_parameters`` (policy).
+
+    Raises:
+        UserError: Missing inputs, no prompt fits the token budget, a too long `max_length`, or a
+            multi-process/compiled setup (not supported by this stage yet).
+    """
+    from torch.utils.tensorboard import SummaryWriter
+
+    cfg, paths = params.ppo, params.paths
+    if params.distributed.num_processes > 1 or params.distributed.strategy != "none":
+        raise UserError("ppo runs in one process: set distributed.strategy to none and distributed.num_processes to 1")
+    if params.distributed.torch_compile:
+        raise UserError("ppo does not support distributed.torch_compile yet; set it to false")
+    data = Path(paths.data, "sft")
+    tokenizer = load_tokenizer(paths.tokenizer)
+    budget = cfg.max_length - cfg.generation.max_new_tokens
+    train = load_prompts(data / "train.jsonl", tokenizer, budget, cfg.num_samples)
+    valid = load_prompts(data / "validation.jsonl", tokenizer, budget, cfg.max_eval_samples)
+    inputs = [data, Path(paths.tokenizer), Path(paths.models, cfg.policy), Path(paths.models, "reward")]
+    if cfg.ptx_coef > 0:
+        inputs.append(Path(paths.data, "pretrain"))
+    run_dir = checkpoint_dir(params, "ppo", inputs)
+    ppo, total_steps = _build(params, tokenizer, train, valid, run_dir)
+
+    state: dict[str, Any] = {"step": 0, "history": [], "log_history": []}
+    resume = last_checkpoint(run_dir)
+    if resume:
+        ppo.accelerator.load_state(str(resume))
+        state = json.loads((resume / "trainer_state.json").read_text())
+        log.info("ppo: resuming from %s (step %d)", resume, state["step"])
+    else:
+        log.info("ppo: fresh run in %s", run_dir)
+    resumed_step = state["step"]
+    log.info("ppo: %d steps of %d prompts, %.2f M policy parameters", total_steps, ppo.rollout_batch_size,
+             count_parameters(ppo.policy) / 1e6)  # fmt: skip
+    tensorboard = SummaryWriter(log_dir=str(paths.out(paths.logs, "ppo", "tensorboard")))
+    _train(ppo, state, total_steps, run_dir, tensorboard)
+    tensorboard.close()
+
+    save_model(ppo.accelerator.unwrap_model(ppo.policy), tokenizer, paths.out(paths.models, "ppo"))
+    write_plots(state["log_history"], paths.out(paths.logs, "ppo"))
+    evals = [r for r in state["log_history"] if "eval_reward" in r]
+    return {
+        **_summary(state["history"], ppo.rollout_batch_size),
+        "eval_reward": round(evals[-1]["eval_reward"], 5),
+        "steps": state["step"],
+        "resumed_from_step": resumed_step,
+        "num_parameters": count_parameters(ppo.policy),
+    }
