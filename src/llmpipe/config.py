@@ -402,7 +402,11 @@ class GRPOParams(TrainParams):
         False, description="Leave completions cut at max_new_tokens out of the loss (DAPO)."
     )
     rewards: list[RewardSpec] = Field(
-        [RewardSpec(name="parsable_prefix"), RewardSpec(name="defines_function")],
+        [
+            RewardSpec(name="parsable_prefix", weight=1.0),
+            RewardSpec(name="defines_function", weight=2.0),
+            RewardSpec(name="uses_arguments", weight=0.5),
+        ],
         min_length=1,
         description="Reward functions of llmpipe.rewards and their weights; the reward is the weighted sum.",
     )
