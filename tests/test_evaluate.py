@@ -351,7 +351,7 @@ def test_report_rl_checks_and_drift_table(tmp_path):
              for name, needle in [("reward", "reward model ranks"), ("ppo", "ppo raises"), ("grpo", "grpo raises"),
                                   ("generation", "grpo's generated bodies")]}
     assert marks == {"reward": "✗", "ppo": "✓", "grpo": "✗", "generation": "✓"}
-    assert "| ppo | 0.2 ± 0.03 | 0.325 ± 0.04 | 0.05 | 40 → 30 |" in lines
+    assert "| ppo | 0.2 ± 0.03 | 0.325 ± 0.04 | 0.05 nats per response | 40 → 30 |" in lines
 
 
 def test_report_needs_every_models_evaluation(tmp_path):

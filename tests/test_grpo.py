@@ -63,9 +63,8 @@ def test_rl_metrics_first_and_last_tenth():
     m = grpo.rl_metrics(history)
     assert (m["reward_first"], m["reward_last"]) == (0.5, 18.5)  # steps 0-1 and 18-19
     assert m["reward_first_se"] == m["reward_last_se"] == pytest.approx(0.5)
-    assert m["reward_gain_z"] == pytest.approx(18 / math.hypot(0.5, 0.5), abs=1e-4)
-    assert (m["completion_length_first"], m["completion_length_last"]) == (9.95, 8.15)
-    assert m["frac_zero_std_groups"] == 0.25 and m["kl_last"] == 0.185
+    assert (m["response_length_first"], m["response_length_last"]) == (9.95, 8.15)
+    assert m["frac_zero_std_groups"] == 0.25 and m["kl_final"] == 0.185
 
 
 @pytest.mark.slow
@@ -86,7 +85,7 @@ def test_grpo_stage_trains_every_parameter(tiny_sft, monkeypatch):
     saved = AutoModelForCausalLM.from_pretrained("models/grpo")
     unchanged = [n for n, p in saved.named_parameters() if p.equal(initial[n])]
     assert unchanged == [], f"parameters that did not train: {unchanged}"
-    for key in ("reward_first", "reward_last", "completion_length_first", "completion_length_last", "kl_last",
+    for key in ("reward_first", "reward_last", "response_length_first", "response_length_last", "kl_final",
                 "frac_zero_std_groups", "eval_reward"):
         assert math.isfinite(metrics[key]), key
 

@@ -113,9 +113,10 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
 
     Returns:
         ``reward_first``/``reward_last`` (mean summed reward over the first/last 10% of logged steps) with
-        ``reward_first_se``/``reward_last_se`` (their standard errors over those steps) and ``reward_gain_z``
-        (the difference over its standard error), ``completion_length_first``/``_last`` (tokens),
-        ``kl_last`` (mean KL to the reference over the last 10%; only when ``beta`` > 0), and
+        ``reward_first_se``/``reward_last_se`` (their standard errors over those steps; the report's check
+        divides the gain by them), ``response_length_first``/``_last`` (completion tokens; the same names as
+        the ppo stage's), ``kl_final`` (mean per-token KL to the reference over the last 10%, nats; only when
+        ``beta`` > 0), and
         ``frac_zero_std_groups``: the mean share of groups whose rewards were all equal (TRL's
         ``frac_reward_zero_std``; with ``scale_rewards: batch`` TRL measures the whole batch instead).
         Empty when no training step was logged.
@@ -130,14 +131,13 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
         "reward_first_se": first_se,
         "reward_last": last,
         "reward_last_se": last_se,
-        "reward_gain_z": (last - first) / math.hypot(first_se, last_se) if first_se + last_se > 0 else math.nan,
-        "completion_length_first": lengths[0],
-        "completion_length_last": lengths[2],
+        "response_length_first": lengths[0],
+        "response_length_last": lengths[2],
         "frac_zero_std_groups": statistics.fmean(r["frac_reward_zero_std"] for r in rows),
     }
     kls = [r["kl"] for r in rows if r.get("kl") is not None]
     if kls:
-        metrics["kl_last"] = _tenths(kls)[2]
+        metrics["kl_final"] = _tenths(kls)[2]
     return {k: round(v, 5) for k, v in metrics.items()}
 
 

@@ -146,14 +146,16 @@ def training_section(stage_metrics: dict[str, dict[str, Any]]) -> list[str]:
     return ["## Training", "", *table(["stage", *TRAINING_COLUMNS], rows), ""]
 
 
-RL_STAGES = ("ppo", "grpo")
+RL_KL_UNITS = {"ppo": "nats per response", "grpo": "nats per token"}
+"""The RL stages and the unit of their ``kl_final``: our PPO sums the per-token KL over a response (the
+penalty it pays); TRL's GRPO logs the mean per token."""
 
 
 def rl_section(stage_metrics: dict[str, dict[str, Any]]) -> list[str]:
     """The RL stages' drift from where they started: reward, KL to the reference, response length."""
-    header = ["stage", "reward first 10%", "reward last 10%", "KL to reference (final)", "response tokens first → last"]
+    header = ["stage", "reward first 10%", "reward last 10%", "KL to reference (end)", "response tokens first → last"]
     rows = []
-    for stage in RL_STAGES:
+    for stage, kl_unit in RL_KL_UNITS.items():
         m = stage_metrics.get(stage)
         if m is None or "reward_first" not in m:
             continue
@@ -161,7 +163,7 @@ def rl_section(stage_metrics: dict[str, dict[str, Any]]) -> list[str]:
             stage,
             f"{fmt(m['reward_first'])} ± {fmt(m.get('reward_first_se'))}",
             f"{fmt(m.get('reward_last'))} ± {fmt(m.get('reward_last_se'))}",
-            fmt(m.get("kl_final")),
+            f"{fmt(m.get('kl_final'))} {kl_unit}" if "kl_final" in m else "–",
             f"{fmt(m.get('response_length_first'))} → {fmt(m.get('response_length_last'))}",
         ])
     if not rows:
