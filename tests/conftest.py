@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,14 @@ def pipeline_env(offline_env, tmp_path_factory) -> dict[str, str]:
     env["GIT_AUTHOR_EMAIL"] = env["GIT_COMMITTER_EMAIL"] = "test@example.invalid"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     return env
+
+
+def kill_after_first_checkpoint(proc: subprocess.Popen, checkpoints: Path, timeout_s: float = 300) -> None:
+    """SIGKILL `proc` (a training run) as soon as a complete checkpoint appears under ``checkpoints/<fp>/``."""
+    deadline = time.time() + timeout_s
+    while not list(checkpoints.glob("*/checkpoint-*/trainer_state.json")):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline, f"no checkpoint within {timeout_s} s"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()

@@ -8,16 +8,15 @@ import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import ROOT, TINY_PARAMS, kill_after_first_checkpoint
 from safetensors.torch import load_file
 
 from llmpipe.config import ParamsError, parse_params
@@ -39,8 +38,6 @@ from llmpipe.rl.ppo import (
 )
 from llmpipe.stages import ppo, prepare, tokenizer
 from llmpipe.stages.ppo import IndexStream
-
-from conftest import ROOT, TINY_PARAMS
 
 
 def close(actual, expected, tol=1e-5):
@@ -293,14 +290,7 @@ def test_killed_ppo_resumes_from_its_checkpoint_with_the_same_prompts(workdir, o
     """SIGKILL after the first checkpoint; the rerun resumes it, ends at max_steps, and every step saw the
     prompts of an uninterrupted run of the same params."""
     env = {**offline_env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), offline_env.get("PYTHONPATH")]))}
-    proc = _llm_train(workdir, env)
-    deadline = time.time() + 300
-    while not list((workdir / "checkpoints" / "ppo").glob("*/checkpoint-*/trainer_state.json")):
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline, "no checkpoint within 300 s"
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_first_checkpoint(_llm_train(workdir, env), workdir / "checkpoints" / "ppo")
     assert not (workdir / "models" / "ppo").exists(), "killed before the end: no final model"
 
     rerun = _llm_train(workdir, env)

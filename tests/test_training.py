@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TINY_PARAMS, kill_after_first_checkpoint
 
 from llmpipe.config import load_params, parse_params
 from llmpipe.io import atomic_dir
 from llmpipe.training import fingerprint
-
-from conftest import TINY_PARAMS
 
 
 def test_fingerprint_ignores_budgets_but_not_hyperparameters(workdir):
@@ -55,15 +52,7 @@ def test_killed_pretrain_resumes_from_its_checkpoint(workdir, offline_env):
     raw = yaml.safe_load((workdir / "params.yaml").read_text())
     raw["pretrain"] = {"max_steps": 40, "save_steps": 5, "eval_steps": 20, "logging_steps": 5}
     (workdir / "params.yaml").write_text(yaml.safe_dump(raw))
-    proc = _llm_train(workdir, offline_env)
-    deadline = time.time() + 300
-    ckpts = workdir / "checkpoints" / "pretrain"
-    while not list(ckpts.glob("*/checkpoint-*/trainer_state.json")):
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline, "no checkpoint within 300 s"
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_first_checkpoint(_llm_train(workdir, offline_env), workdir / "checkpoints" / "pretrain")
     assert not (workdir / "models" / "pretrain").exists(), "killed before the end: no final model"
 
     rerun = _llm_train(workdir, offline_env)
