@@ -48,12 +48,14 @@ def run_command(cmd: list[str], cwd: Path, env: dict[str, str], on_line: Callabl
         stop_process_group(proc)
 
 
-def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
     """End every process of `proc`'s group: SIGINT (DVC then releases its locks), SIGTERM, then SIGKILL.
 
     Args:
         proc: A process started with `start_new_session=True` (its pid is its group id).
-        grace_s: Seconds to wait after SIGINT and after SIGTERM before escalating.
+        grace_s: Seconds to wait after SIGINT and after SIGTERM before escalating. Generous: a DVC killed
+            before its stage's process has exited leaves its rwlock behind, and on 2 busy CPU cores a trainer
+            in the middle of an evaluation or a checkpoint took more than 10 s to stop.
     """
     for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, grace_s / 2), (signal.SIGKILL, 5.0)):
         if not _group_alive(proc):

@@ -94,7 +94,8 @@ def _tenths(values: list[float]) -> tuple[float, float, float, float]:
     """Mean and standard error of the first and of the last 10% of `values` (at least one value each).
 
     Returns:
-        ``(first_mean, first_se, last_mean, last_se)``; a standard error is nan when its tenth holds one value.
+        ``(first_mean, first_se, last_mean, last_se)``; a standard error is nan when its tenth holds one value
+        (:func:`rl_metrics` then leaves it out, and the report's reward-gain check is skipped).
     """
     n = max(1, math.ceil(len(values) / 10))
 
@@ -138,7 +139,7 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
     kls = [r["kl"] for r in rows if r.get("kl") is not None]
     if kls:
         metrics["kl_final"] = _tenths(kls)[2]
-    return {k: round(v, 5) for k, v in metrics.items()}
+    return {k: round(v, 5) for k, v in metrics.items() if math.isfinite(v)}  # DVC metrics must be numbers
 
 
 def run(params: Params) -> dict[str, float]:
