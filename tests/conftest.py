@@ -152,11 +152,15 @@ def pipeline_env(offline_env, tmp_path_factory) -> dict[str, str]:
 
 
 def kill_after_first_checkpoint(proc: subprocess.Popen, checkpoints: Path, timeout_s: float = 300) -> None:
-    """SIGKILL `proc` (a training run) as soon as a complete checkpoint appears under ``checkpoints/<fp>/``."""
+    """SIGKILL `proc` (a training run) as soon as a complete checkpoint appears under ``checkpoints/<fp>/``; its
+    whole process group when it leads one (``start_new_session=True``: a launcher and its ranks)."""
     deadline = time.time() + timeout_s
     while not list(checkpoints.glob("*/checkpoint-*/trainer_state.json")):
         assert proc.poll() is None, proc.stdout.read()
         assert time.time() < deadline, f"no checkpoint within {timeout_s} s"
         time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
+    if os.getpgid(proc.pid) == proc.pid:
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -81,17 +81,19 @@ def metrics_path(params: Any, task: str, model: str | None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, validate params, run the stage, write its metrics. Returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     try:
-        return _run(args)
+        return _run(args, argv)
     except UserError as err:
         print(f"llm-train: error: {err}", file=sys.stderr)
         return 2
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from llmpipe.config import load_params
+    from llmpipe.distributed.launch import is_main_process, needs_launch, relaunch, under_launcher
     from llmpipe.io import write_json
 
     try:
@@ -102,6 +104,8 @@ def _run(args: argparse.Namespace) -> int:
     if overrides or args.output_dir:
         root = args.output_dir or str(Path("runs", f"{task}-{time.strftime('%Y%m%d-%H%M%S')}"))
         overrides["paths.output_root"] = root
+        if not args.output_dir:  # a relaunched copy of this command must write to the same folder
+            argv = [*argv, "--output-dir", root]
         log.info("hand run with overrides %s: writing under %s", overrides, root)
     try:
         params = load_params(args.config_path, overrides)
@@ -116,10 +120,14 @@ def _run(args: argparse.Namespace) -> int:
         kwargs["model"] = args.model
     elif args.model:
         raise UserError(f"--model applies to --task evaluate only, not {task}")
+    if task in stages.DISTRIBUTED_TASKS and needs_launch(params.distributed) and not under_launcher():
+        relaunch(params, task, argv)  # does not return: the same command, under accelerate launch
     run = stages.runner(task)
     start = time.perf_counter()
     metrics = dict(run(params, **kwargs))
     metrics["wall_time_s"] = round(time.perf_counter() - start, 3)
+    if not is_main_process():
+        return 0
     path = metrics_path(params, task, args.model)
     write_json(path, metrics)
     log.info("%s done in %.1f s; metrics in %s", task, metrics["wall_time_s"], path)

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from llmpipe.distributed.params import DistributedParams
 from llmpipe.errors import UserError
+from llmpipe.section import Section
 
 STAGE_SECTIONS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 """Training stages whose sections inherit the ``train`` defaults."""
@@ -30,11 +32,7 @@ class ParamsError(UserError):
     """A mistake in params.yaml: the message names the file, the key path or line, and the fix."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PathsParams(_Section):
+class PathsParams(Section):
     """Where every stage reads and writes, relative to the repository root (dvc.yaml templates these)."""
 
     data: str = Field("data", description="Prepared datasets: data/{pretrain,sft,preference,eval}/.")
@@ -57,7 +55,7 @@ class PathsParams(_Section):
         return Path(self.output_root, *parts)
 
 
-class StdlibSourceParams(_Section):
+class StdlibSourceParams(Section):
     """How the embedded default corpus (the running interpreter's standard library) is cut."""
 
     min_body_lines: int = Field(2, ge=1, description="Functions with shorter bodies are not used as SFT pairs.")
@@ -66,7 +64,7 @@ class StdlibSourceParams(_Section):
     max_preference_pairs: int = Field(10000, gt=0, description="Cap on training preference pairs.")
 
 
-class LocalSourceParams(_Section):
+class LocalSourceParams(Section):
     """Users' own files (.txt / .jsonl / .parquet, a file or a folder of one format) per dataset kind; null = none.
 
     `sft` and `preference` are read when `data.source` is 'local' or 'hf' (the hub gives the pretraining text).
@@ -77,7 +75,7 @@ class LocalSourceParams(_Section):
     preference: str | None = Field(None, description="jsonl/parquet with `prompt`, `chosen`, `rejected`.")
 
 
-class HFSourceParams(_Section):
+class HFSourceParams(Section):
     """A Hugging Face hub dataset, read through `datasets.load_dataset` (a local path works the same way)."""
 
     name: str | None = Field(None, description="Dataset name on the hub, or a local dataset folder.")
@@ -96,7 +94,7 @@ class HFSourceParams(_Section):
         return self
 
 
-class DataParams(_Section):
+class DataParams(Section):
     """The `prepare` stage: which corpus, and how it is split into train/validation/test (by document)."""
 
     source: Literal["stdlib", "local", "hf"] = Field("stdlib", description="Corpus to prepare.")
@@ -128,7 +126,7 @@ class DataParams(_Section):
         return self
 
 
-class TokenizerParams(_Section):
+class TokenizerParams(Section):
     """The `tokenizer` stage: train a byte-level BPE, or load an existing tokenizer."""
 
     kind: Literal["train", "pretrained"] = Field("train", description="Train a BPE, or load `name_or_path`.")
@@ -144,7 +142,7 @@ class TokenizerParams(_Section):
         return self
 
 
-class ModelParams(_Section):
+class ModelParams(Section):
     """Architecture of the model `pretrain` builds (transformers `LlamaConfig` names)."""
 
     arch: Literal["llama"] = Field("llama", description="Model family.")
@@ -175,7 +173,7 @@ class ModelParams(_Section):
         return self
 
 
-class TrainParams(_Section):
+class TrainParams(Section):
     """Training defaults every training stage inherits (HF `TrainingArguments` names, except `lr`)."""
 
     lr: float = Field(1e-3, gt=0, description="Peak learning rate (TrainingArguments.learning_rate).")
@@ -272,7 +270,7 @@ class DPOParams(TrainParams):
         return self
 
 
-class GenerationParams(_Section):
+class GenerationParams(Section):
     """Sampling of completions by the RL stages (ppo, grpo): `transformers.GenerationConfig` names."""
 
     max_new_tokens: int = Field(64, gt=0, description="Tokens generated per completion at most.")
@@ -289,7 +287,7 @@ RewardName = Literal["python_parses", "defines_function", "uses_arguments", "par
 so that validating params does not import the reward code and editing it reruns only the stages that use it."""
 
 
-class RewardSpec(_Section):
+class RewardSpec(Section):
     """One named reward function of `llmpipe.rewards.REWARDS` and its weight in the summed reward."""
 
     name: RewardName = Field(description="A reward function of llmpipe.rewards.REWARDS.")
@@ -436,15 +434,6 @@ class GRPOParams(TrainParams):
         return self
 
 
-class DistributedParams(_Section):
-    """How training is spread over devices (Accelerate)."""
-
-    strategy: Literal["none", "ddp"] = Field("none", description="Parallelism strategy.")
-    num_processes: int = Field(1, gt=0, description="Processes on this machine.")
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
-    torch_compile: bool = Field(False, description="Compile the model with torch.compile.")
-
-
 EVAL_TASKS = (
     "llmpipe_perplexity",
     "llmpipe_signature_mc",
@@ -455,7 +444,7 @@ EVAL_TASKS = (
 )
 
 
-class EvalParams(_Section):
+class EvalParams(Section):
     """`evaluate`: lm-evaluation-harness on each model in `models`, and the `report`."""
 
     models: list[str] = Field(
@@ -471,7 +460,7 @@ class EvalParams(_Section):
 _CRON_FIELD = re.compile(r"^[0-9A-Za-z*,/?-]+$")
 
 
-class OrchestrationParams(_Section):
+class OrchestrationParams(Section):
     """The Prefect flow `full-pipeline` (flows/full_pipeline.py): retries of a failed stage, optional schedule.
 
     No DVC stage reads this section, so changing it reruns nothing.
@@ -495,7 +484,7 @@ class OrchestrationParams(_Section):
         return self
 
 
-class Params(_Section):
+class Params(Section):
     """The whole of params.yaml."""
 
     paths: PathsParams = PathsParams()
@@ -515,18 +504,20 @@ class Params(_Section):
 
     @model_validator(mode="after")
     def _grpo_fits(self) -> Params:
-        g, processes = self.grpo, self.distributed.num_processes
+        g, processes = self.grpo, self.distributed.world_size
+        if processes is None:  # num_processes: auto; the launcher knows the world size, GRPOConfig checks it then
+            return self
         generation_batch = g.per_device_train_batch_size * processes * g.resolved_steps_per_generation
         if generation_batch % g.num_generations:
             raise ValueError(
                 f"grpo: one generation round holds grpo.per_device_train_batch_size ({g.per_device_train_batch_size})"
-                f" × distributed.num_processes ({processes}) × grpo.steps_per_generation (default: "
+                f" × world size ({processes}) × grpo.steps_per_generation (default: "
                 f"gradient_accumulation_steps) = {generation_batch} completions, not a multiple of grpo.num_generations ({g.num_generations}): "
                 "every prompt's group must fit in one round"
             )
         if (g.per_device_eval_batch_size * processes) % g.num_generations:
             raise ValueError(
-                f"grpo.per_device_eval_batch_size ({g.per_device_eval_batch_size}) × distributed.num_processes "
+                f"grpo.per_device_eval_batch_size ({g.per_device_eval_batch_size}) × world size "
                 f"({processes}) must be a multiple of grpo.num_generations ({g.num_generations})"
             )
         return self

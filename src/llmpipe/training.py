@@ -21,6 +21,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from llmpipe.config import BUDGET_KEYS, Params, TrainParams
+from llmpipe.distributed.launch import check_world, is_main_process
+from llmpipe.distributed.params import LAUNCH_KEYS
 from llmpipe.errors import UserError
 from llmpipe.io import atomic_file
 from llmpipe.modeling import count_parameters, save_model
@@ -98,6 +100,8 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
         "dataloader_num_workers": t.dataloader_num_workers,
         "activation_checkpointing": params.distributed.gradient_checkpointing,
         "torch_compile": params.distributed.torch_compile,
+        "torch_compile_mode": params.distributed.torch_compile_mode,
+        "ddp_find_unused_parameters": False,  # every parameter of our models gets a gradient each step
         "use_cpu": not torch.cuda.is_available(),
         "include_num_input_tokens_seen": True,
         "report_to": "none",
@@ -130,7 +134,7 @@ def fingerprint(params: Params, stage: str, inputs: list[Path]) -> str:
         "stage": stage,
         "stage_params": {k: v for k, v in params.stage(stage).model_dump().items() if k not in BUDGET_KEYS},
         "model": params.model.model_dump() if stage == "pretrain" else None,
-        "distributed": params.distributed.model_dump(),
+        "distributed": params.distributed.model_dump(exclude=set(LAUNCH_KEYS)),
         "inputs": hash_paths(inputs),
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
@@ -194,11 +198,36 @@ def write_plots(log_history: list[dict[str, Any]], log_dir: Path) -> None:
 
 
 def tensorboard_callback(log_dir: Path):
-    """A TensorBoard callback writing events to ``log_dir`` (transformers 5 no longer takes a logging_dir)."""
+    """A TensorBoard callback writing events to ``log_dir`` (transformers 5 no longer takes a logging_dir).
+
+    Only global rank 0 opens a writer (the callback itself logs on rank 0 only), so other ranks leave no
+    empty event files in the DVC output.
+    """
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
 
-    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
+    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)) if is_main_process() else None)
+
+
+def parameters_checksum(model) -> float:
+    """Sum of every parameter in float64: equal on every rank of a DDP run whose ranks stayed in sync."""
+    import torch
+
+    with torch.no_grad():
+        return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
+def consolidated_save(trainer, tokenizer, final: Path) -> None:
+    """Save the trained model as one standard HF directory, whatever the strategy (called on every rank).
+
+    Under FSDP the full state dict is gathered from the shards, under DeepSpeed ZeRO-3 the 16-bit weights
+    (``stage3_gather_16bit_weights_on_model_save``); both are collectives, so every rank takes part and
+    rank 0 writes.
+    """
+    acc = trainer.accelerator
+    state_dict = acc.get_state_dict(trainer.model_wrapped if trainer.is_deepspeed_enabled else trainer.model)
+    if trainer.is_world_process_zero():
+        save_model(acc.unwrap_model(trainer.model), tokenizer, final, state_dict=state_dict)
 
 
 def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -> dict[str, float]:
@@ -211,6 +240,8 @@ def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -
         (mean over logged steps), ``resumed_from_step`` (0 for a fresh run), ``num_parameters``.
     """
     trainer.callback_handler.callbacks.insert(0, ThroughputLog())
+    world = check_world(params, trainer.accelerator)
+    num_parameters = count_parameters(trainer.model)  # before sharding wraps it
     resume = last_checkpoint(run_dir)
     resumed_step = int(resume.name[11:]) if resume else 0
     if resume:
@@ -218,9 +249,16 @@ def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -
     else:
         log.info("%s: fresh run in %s", stage, run_dir)
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    consolidated_save(trainer, tokenizer, params.paths.out(params.paths.models, stage))  # before evaluating
+    if params.distributed.strategy == "ddp" and world["world_size"] > 1:
+        from accelerate.utils import gather_object
+
+        sums = gather_object([parameters_checksum(trainer.model)])
+        if len(set(sums)) != 1:
+            raise RuntimeError(f"{stage}: DDP ranks ended with different weights (parameter sums {sums})")
+        world["ranks_agree"] = True
     final_eval = trainer.evaluate()
     if trainer.is_world_process_zero():
-        save_model(trainer.model, tokenizer, params.paths.out(params.paths.models, stage))
         write_plots(trainer.state.log_history, params.paths.out(params.paths.logs, stage))
     rates = [r["tokens_per_s"] for r in trainer.state.log_history if "tokens_per_s" in r]
     eval_loss = final_eval.get("eval_loss", math.nan)
@@ -230,5 +268,6 @@ def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -
         "steps": int(trainer.state.global_step),
         "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else 0.0,
         "resumed_from_step": resumed_step,
-        "num_parameters": count_parameters(trainer.model),
+        "num_parameters": num_parameters,
+        **world,
     }

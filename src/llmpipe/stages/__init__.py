@@ -27,6 +27,9 @@ ALIASES: dict[str, str] = {"lm": "pretrain"}
 
 TRAINING_TASKS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 
+DISTRIBUTED_TASKS = TRAINING_TASKS
+"""Tasks that run under `distributed:` params (re-launched under `accelerate launch` when it asks for it)."""
+
 
 def resolve(task: str) -> str:
     """Canonical task name.

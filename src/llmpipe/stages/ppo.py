@@ -580,13 +580,12 @@ def run(params: Params) -> dict[str, float]:
 
     Raises:
         UserError: Missing inputs, no prompt fits the token budget, a too long `max_length`, or a
-            multi-process/compiled setup (not supported by this stage yet).
+            compiled setup (not supported by this stage yet; a multi-process one is refused before launch,
+            `llmpipe.distributed.launch.ONE_PROCESS_TASKS`).
     """
     from torch.utils.tensorboard import SummaryWriter
 
     cfg, paths = params.ppo, params.paths
-    if params.distributed.num_processes > 1 or params.distributed.strategy != "none":
-        raise UserError("ppo runs in one process: set distributed.strategy to none and distributed.num_processes to 1")
     if params.distributed.torch_compile:
         raise UserError("ppo does not support distributed.torch_compile yet; set it to false")
     data = Path(paths.data, "sft")

@@ -1,0 +1,1 @@
+"""Distributed training: the ``distributed:`` params section and how it becomes `accelerate launch` processes."""
