@@ -80,9 +80,9 @@ def preflight(params, task: str) -> int:
     cuda = torch.cuda.is_available()
     if dist.strategy in ("fsdp", "deepspeed") and not cuda:
         raise UserError(
-            f"distributed.strategy: {dist.strategy} needs CUDA GPUs and this machine has none (Accelerate would "
-            f"silently train {'DDP' if dist.strategy == 'fsdp' else 'nothing'} instead); use strategy: ddp with "
-            "an int num_processes on CPU, or none"
+            f"distributed.strategy: {dist.strategy} needs CUDA GPUs and this machine has none (on CPU Accelerate "
+            "silently trains DDP for fsdp and fails inside DeepSpeed for deepspeed); use strategy: ddp with an int "
+            "num_processes on CPU, or none"
         )
     if cuda and n > torch.cuda.device_count():
         raise UserError(

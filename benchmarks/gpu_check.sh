@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# One prepared check for a machine with one NVIDIA GPU and no package registry; under 8 minutes on an H100/H200.
+#
+#   1. pretrain a ~134M-parameter Llama (12 layers × 768, vocab 32k, 1024-token blocks) in bf16 autocast with
+#      torch.compile for --steps steps: steady-state tokens/s and MFU (llmpipe's own logging), beside the
+#      datasheet and the measured bf16 matmul peak;
+#   2. a few steps with distributed.strategy fsdp (FSDP2, one process), then the same run with a larger step
+#      budget, which must resume from the checkpoint; the final model must load as a standard HF directory;
+#   3. the same with strategy deepspeed (ZeRO-3).
+#
+# Usage (from anywhere; the runs work in a fresh folder, --work):
+#   benchmarks/gpu_check.sh [--wheels DIR] [--out DIR] [--work DIR] [--steps N] [--tiny]
+#     --wheels DIR  first install every wheel in DIR with pip --no-index --no-deps into a private folder (the
+#                   machine's own torch, transformers' deps etc. stay; bring pydantic, pydantic_core,
+#                   annotated_types, typing_inspection, typing_extensions, hjson, deepspeed, transformers)
+#     --out DIR     where the logs (one per part) and summary.txt go (default: ./gpu_check_out)
+#     --work DIR    data, models and checkpoints of the runs, emptied first (default: a new temp folder)
+#     --steps N     pretrain steps in part 1 (default 300)
+#     --tiny        a 2-layer model and a few steps: checks this script on a machine without a GPU (parts 2
+#                   and 3 must then stop with llmpipe's "needs CUDA GPUs" error, which counts as a pass)
+# Exit status: 0 when every part passed. Each part has its own time limit, so one hang cannot eat the rest.
+set -uo pipefail
+
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+WHEELS="" OUT_DIR="$PWD/gpu_check_out" WORK="" STEPS=300 TINY=0
+while (($#)); do
+  case "$1" in
+    --wheels) WHEELS=${2:?--wheels needs a folder}; shift 2 ;;
+    --out) OUT_DIR=${2:?--out needs a folder}; shift 2 ;;
+    --work) WORK=${2:?--work needs a folder}; shift 2 ;;
+    --steps) STEPS=${2:?--steps needs a number}; shift 2 ;;
+    --tiny) TINY=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[[ $STEPS =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: --steps must be a positive integer, got '$STEPS'" >&2; exit 2; }
+PY=${PYTHON:-python3}
+mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
+if [[ -n $WORK ]]; then rm -rf "$WORK" && mkdir -p "$WORK"; else WORK=$(mktemp -d -t llmpipe-gpu-check.XXXXXX); fi
+SUMMARY="$OUT_DIR/summary.txt"
+: >"$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+
+if [[ -n $WHEELS ]]; then
+  SITE="$WORK/site"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
+    || { echo "gpu_check.sh: installing the wheels in $WHEELS failed" >&2; exit 1; }
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+cd "$WORK" || exit 1
+
+if ((TINY)); then
+  MODEL='{hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 4, intermediate_size: 128, max_position_embeddings: 128}'
+  VOCAB=1024 BLOCK=128 BATCH=4 SHORT=4 LIMIT_S=240
+else
+  MODEL='{hidden_size: 768, num_hidden_layers: 12, num_attention_heads: 12, num_key_value_heads: 12, intermediate_size: 2048, max_position_embeddings: 1024}'
+  VOCAB=32000 BLOCK=1024 BATCH=32 SHORT=20 LIMIT_S=300
+fi
+
+# params.yaml of part 1; parts 2-3 add their own files beside it (every stage reads --config-path).
+cat >params.yaml <<EOF
+tokenizer: {vocab_size: $VOCAB}
+model: $MODEL
+train: {precision: $( ((TINY)) && echo fp32 || echo bf16)}
+pretrain: {max_steps: $STEPS, eval_steps: $((STEPS + 1)), save_steps: $((STEPS + 1)), max_length: $BLOCK,
+           per_device_train_batch_size: $BATCH, per_device_eval_batch_size: $BATCH, max_eval_samples: $((BATCH * 2)),
+           lr: 0.0006, warmup_steps: 10, logging_steps: 10, dataloader_num_workers: 2,
+           optim: $( ((TINY)) && echo adamw_torch || echo adamw_torch_fused)}
+distributed: {torch_compile: true}
+EOF
+
+status=0
+part() {  # part NAME LIMIT_S COMMAND…: run with a time limit, log to OUT_DIR/NAME.log, record pass/fail
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout --signal=INT --kill-after=20 "$limit" "$@" >"$OUT_DIR/$name.log" 2>&1
+  local rc=$?
+  say "$(printf '%-28s rc=%-3s %4ds' "$name" "$rc" $((SECONDS - t0)))"
+  ((rc == 0)) || tail -n 25 "$OUT_DIR/$name.log"
+  return $rc
+}
+
+say "== gpu_check $(date -u +%FT%TZ) on $(hostname); llmpipe $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
+"$PY" - <<'EOF' 2>&1 | tee -a "$SUMMARY"
+import torch, transformers, accelerate
+print(f"torch {torch.__version__}, transformers {transformers.__version__}, accelerate {accelerate.__version__}")
+if torch.cuda.is_available():
+    print(f"device: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB)")
+    try:
+        from llmpipe.throughput import device_peak_tflops, measure_matmul_tflops
+        dev = torch.device("cuda")
+        peak, source = device_peak_tflops(dev)
+        print(f"bf16 peak: datasheet {peak} TFLOP/s ({source}); measured matmul {measure_matmul_tflops(dev):.0f} TFLOP/s")
+    except Exception as err:  # the figures are context, not the check
+        print(f"peak figures unavailable: {err!r}")
+else:
+    print("device: no CUDA GPU")
+EOF
+
+# 1. data, tokenizer, then the compiled bf16 pretrain run.
+part prepare 240 "$PY" -m llmpipe.cli --task prepare || status=1
+part tokenizer 240 "$PY" -m llmpipe.cli --task tokenizer || status=1
+if part pretrain_compiled "$LIMIT_S" "$PY" -m llmpipe.cli --task pretrain; then
+  "$PY" - <<'EOF' 2>&1 | tee -a "$SUMMARY"
+import csv, json, statistics
+rows = [r for r in csv.DictReader(open("logs/pretrain/train.csv")) if r.get("tokens_per_s")]
+steady = rows[2:] or rows  # the first logged windows hold compilation and warm-up
+m = json.load(open("metrics/pretrain.json"))
+tps = statistics.median(float(r["tokens_per_s"]) for r in steady)
+mfu = [float(r["mfu"]) for r in steady if r.get("mfu")]
+print(f"pretrain: {m['num_parameters'] / 1e6:.1f} M parameters, {m['steps']} steps, {m['wall_time_s']:.0f} s wall")
+print(f"pretrain steady state (median of {len(steady)} log windows after the first 2): {tps:,.0f} tokens/s"
+      + (f", MFU {statistics.median(mfu):.1%}" if mfu else ", MFU not logged (no known peak for this device)")
+      + f"; peak memory {m.get('peak_memory_gb', float('nan')):.1f} GB; final loss {float(rows[-1]['loss']):.3f}")
+EOF
+else
+  status=1
+fi
+
+# 2-3. FSDP2 and DeepSpeed ZeRO-3, one process each: a short run, then a longer budget that must resume it.
+check_sharded() {  # check_sharded STRATEGY EXTRA_YAML
+  local s=$1 extra=$2
+  local over="{paths: {output_root: runs/$s}, distributed: {strategy: $s, torch_compile: false$extra}}"
+  for steps in "$SHORT" $((SHORT + 10)); do
+    "$PY" - "$s" "$steps" "$over" <<'EOF'
+import sys, yaml
+s, steps, over = sys.argv[1], int(sys.argv[2]), yaml.safe_load(sys.argv[3])
+raw = yaml.safe_load(open("params.yaml"))
+raw.update(over)
+raw["pretrain"] = {**raw["pretrain"], "max_steps": steps, "save_steps": 10, "eval_steps": 10, "logging_steps": 5}
+yaml.safe_dump(raw, open(f"params-{s}.yaml", "w"))
+EOF
+    if ! part "${s}_${steps}steps" 240 "$PY" -m llmpipe.cli --task pretrain --config-path "params-$s.yaml"; then
+      if ((TINY)) && grep -q "distributed.strategy: $s needs CUDA GPUs" "$OUT_DIR/${s}_${steps}steps.log"; then
+        say "$s: refused on this machine without a GPU, as it must be (--tiny)"
+        return 0
+      fi
+      return 1
+    fi
+  done
+  "$PY" - "$s" "$SHORT" <<'EOF' 2>&1 | tee -a "$SUMMARY"
+import json, sys
+from transformers import AutoModelForCausalLM
+s, short = sys.argv[1], int(sys.argv[2])
+m = json.load(open(f"runs/{s}/metrics/pretrain.json"))
+model = AutoModelForCausalLM.from_pretrained(f"runs/{s}/models/pretrain")
+n = sum(p.numel() for p in model.parameters())
+ok = m["resumed_from_step"] == short and m["steps"] == short + 10 and m["strategy"] == s and n == m["num_parameters"]
+print(f"{s}: world size {m['world_size']}, resumed from step {m['resumed_from_step']} to {m['steps']}, "
+      f"{m['tokens_per_s']:,.0f} tokens/s, eval loss {m['eval_loss']:.3f}, consolidated model loads "
+      f"({n / 1e6:.1f} M parameters): {'PASS' if ok else 'FAIL'}")
+sys.exit(0 if ok else 1)
+EOF
+}
+check_sharded fsdp "" || status=1
+check_sharded deepspeed ", deepspeed: {zero_stage: 3}" || status=1
+
+say "== gpu_check: $( ((status == 0)) && echo PASS || echo FAIL)"
+exit $status
