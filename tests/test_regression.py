@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT
 
 
@@ -26,7 +25,7 @@ def _run(tmp_path: Path, env: dict[str, str], *launcher: str) -> dict:
     env = {**env, "PYTHONPATH": str(ROOT / "src")}
     cmd = [*launcher, "-m", "llmpipe.cli", "--task", "regression"] if launcher else [
         sys.executable, "-m", "llmpipe.cli", "--task", "regression"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads((tmp_path / "metrics" / "regression.json").read_text())
 

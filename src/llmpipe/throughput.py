@@ -196,6 +196,9 @@ class ThroughputCallback(TrainerCallback):
     - ``mfu``: ``tokens_per_s × flops_per_token / (peak FLOP/s × devices)``, a fraction in [0, 1]; the key is
       absent (not 0) where the peak is unknown, e.g. on CPU.
 
+    MFU counts the trained model's forward and backward passes only: DPO's reference-model forwards and GRPO's
+    generation are work the formula leaves out, so their MFU understates how busy the device is.
+
     On CUDA it also logs, once at train start, the measured bf16 matmul TFLOP/s beside the datasheet peak.
     It must run before the printing and TensorBoard callbacks, so insert it first.
 
