@@ -51,7 +51,8 @@ def test_shipped_file_lists_every_knob():
                 yield from missing(value, node[name], f"{prefix}{name}.")
 
     assert list(missing(params.train, raw["train"], "train.")) == []
-    for section in ("paths", "data", "tokenizer", "model", "distributed", "eval", "orchestration"):
+    for section in ("paths", "data", "tokenizer", "model", "distributed", "profile", "regression", "eval",
+                    "orchestration"):
         assert list(missing(getattr(params, section), raw[section], f"{section}.")) == [], section
 
 

@@ -248,11 +248,12 @@ def test_ppo_trains_logs_finite_losses_and_changes_every_parameter(workdir, tmp_
     metrics = ppo.run(_params(tmp_path, **knobs))
 
     assert metrics["steps"] == 4 and metrics["resumed_from_step"] == 0
+    assert metrics["tokens_per_s"] > 0 and metrics["peak_memory_gb"] > 0.05
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     rows = list(csv.DictReader((tmp_path / "logs" / "ppo" / "train.csv").open()))
     assert [int(r["step"]) for r in rows] == [2, 4]
     for column in ("loss", "policy_loss", "value_loss", "ptx_loss", "reward", "kl", "entropy", "clip_fraction",
-                   "approx_kl", "response_length", "tokens_per_s", "learning_rate"):
+                   "approx_kl", "response_length", "tokens_per_s", "learning_rate", "peak_memory_gb"):
         assert all(math.isfinite(float(r[column])) for r in rows), column
     evals = list(csv.DictReader((tmp_path / "logs" / "ppo" / "eval.csv").open()))
     assert [int(r["step"]) for r in evals] == [4] and math.isfinite(float(evals[0]["eval_reward"]))

@@ -434,6 +434,37 @@ class GRPOParams(TrainParams):
         return self
 
 
+class ProfileParams(Section):
+    """`torch.profiler` over a few optimizer steps of every training stage (llmpipe.profiling).
+
+    Schedule: skip `wait` steps, trace `warmup` steps and discard them, record `active` steps; then
+    ``logs/<stage>/profile/`` gets ``trace.json`` (Chrome trace) and ``ops.txt`` (top operators by self time).
+    A profiled run is a run of its own (its checkpoint fingerprint differs), so it trains from step 0.
+    """
+
+    enabled: bool = Field(False, description="Profile the training stages.")
+    wait: int = Field(1, ge=0, description="Optimizer steps skipped before tracing.")
+    warmup: int = Field(1, ge=0, description="Optimizer steps traced and discarded (profiler start-up).")
+    active: int = Field(3, gt=0, description="Optimizer steps recorded.")
+
+
+class RegressionParams(Section):
+    """`regression`: a hand-run hardware smoke test (not a DVC stage): a small MLP fitted to y = Xw + noise with
+    plain Accelerate, in one process or under `accelerate launch`.
+
+    Every rank draws the same data from `seed`; the batches are split across ranks (DDP).
+    """
+
+    num_samples: int = Field(4096, gt=0, description="Rows of X.")
+    num_features: int = Field(16, gt=0, description="Columns of X.")
+    hidden_size: int = Field(64, gt=0, description="Width of the MLP's hidden layer.")
+    noise_std: float = Field(0.5, gt=0, description="Std of the Gaussian noise on y; the loss floor is its square.")
+    max_steps: int = Field(300, gt=0, description="Optimizer steps.")
+    lr: float = Field(0.01, gt=0, description="Adam learning rate.")
+    per_device_batch_size: int = Field(64, gt=0, description="Rows per device per step.")
+    seed: int = Field(0, description="Seed of the data, the weights and the batch order.")
+
+
 EVAL_TASKS = (
     "llmpipe_perplexity",
     "llmpipe_signature_mc",
@@ -499,6 +530,8 @@ class Params(Section):
     ppo: PPOParams = PPOParams()
     grpo: GRPOParams = GRPOParams()
     distributed: DistributedParams = DistributedParams()
+    profile: ProfileParams = ProfileParams()
+    regression: RegressionParams = RegressionParams()
     eval: EvalParams = EvalParams()
     orchestration: OrchestrationParams = OrchestrationParams()
 

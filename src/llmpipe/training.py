@@ -14,18 +14,18 @@ import hashlib
 import json
 import logging
 import math
-import time
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 from llmpipe.config import BUDGET_KEYS, Params, TrainParams
+from llmpipe.distributed.agreement import ranks_agree
 from llmpipe.distributed.launch import check_world, is_main_process
 from llmpipe.distributed.params import LAUNCH_KEYS
 from llmpipe.errors import UserError
 from llmpipe.io import atomic_file
 from llmpipe.modeling import count_parameters, save_model
+from llmpipe.profiling import ProfilerCallback
+from llmpipe.throughput import ThroughputCallback, peak_memory_gb
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,7 @@ def fingerprint(params: Params, stage: str, inputs: list[Path]) -> str:
         "stage_params": {k: v for k, v in params.stage(stage).model_dump().items() if k not in BUDGET_KEYS},
         "model": params.model.model_dump() if stage == "pretrain" else None,
         "distributed": params.distributed.model_dump(exclude=set(LAUNCH_KEYS)),
+        "profile": params.profile.model_dump() if params.profile.enabled else None,  # None keeps old fingerprints
         "inputs": hash_paths(inputs),
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
@@ -151,30 +152,6 @@ def last_checkpoint(run_dir: Path) -> Path | None:
         return None
     done = [p for p in run_dir.glob("checkpoint-*") if (p / "trainer_state.json").exists() and p.name[11:].isdigit()]
     return max(done, key=lambda p: int(p.name[11:]), default=None)
-
-
-class ThroughputLog(TrainerCallback):
-    """Trainer callback adding tokens/s (input tokens, all ranks) to every training log entry.
-
-    It must run before the printing and TensorBoard callbacks, so :func:`train_stage` puts it first.
-    """
-
-    def __init__(self) -> None:
-        self._t = None
-        self._tokens = 0
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._t, self._tokens = time.perf_counter(), state.num_input_tokens_seen
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs is None or "loss" not in logs or self._t is None:
-            return
-        now = time.perf_counter()
-        rate = (state.num_input_tokens_seen - self._tokens) / max(now - self._t, 1e-9)
-        self._t, self._tokens = now, state.num_input_tokens_seen
-        logs["tokens_per_s"] = round(rate, 1)
-        if state.log_history:
-            state.log_history[-1]["tokens_per_s"] = logs["tokens_per_s"]
 
 
 TRAIN_COLUMNS = ("step", "epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "num_input_tokens_seen")
@@ -209,14 +186,6 @@ def tensorboard_callback(log_dir: Path):
     return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)) if is_main_process() else None)
 
 
-def parameters_checksum(model) -> float:
-    """Sum of every parameter in float64: equal on every rank of a DDP run whose ranks stayed in sync."""
-    import torch
-
-    with torch.no_grad():
-        return float(sum(p.detach().double().sum() for p in model.parameters()))
-
-
 def consolidated_save(trainer, tokenizer, final: Path) -> None:
     """Save the trained model as one standard HF directory, whatever the strategy (called on every rank).
 
@@ -237,9 +206,13 @@ def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -
 
     Returns:
         ``train_loss`` (mean over the run), ``eval_loss`` (final validation), ``steps``, ``tokens_per_s``
-        (mean over logged steps), ``resumed_from_step`` (0 for a fresh run), ``num_parameters``.
+        (mean over logged steps), ``peak_memory_gb`` (this process, see `throughput.peak_memory_gb`), ``mfu``
+        (mean over logged steps; only on a device with a known peak), ``resumed_from_step`` (0 for a fresh
+        run), ``num_parameters``.
     """
-    trainer.callback_handler.callbacks.insert(0, ThroughputLog())
+    trainer.callback_handler.callbacks.insert(0, ThroughputCallback(params.stage(stage).max_length))
+    if params.profile.enabled:
+        trainer.add_callback(ProfilerCallback(params.profile, params.paths.out(params.paths.logs, stage, "profile")))
     world = check_world(params, trainer.accelerator)
     num_parameters = count_parameters(trainer.model)  # before sharding wraps it
     resume = last_checkpoint(run_dir)
@@ -251,22 +224,23 @@ def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     consolidated_save(trainer, tokenizer, params.paths.out(params.paths.models, stage))  # before evaluating
     if params.distributed.strategy == "ddp" and world["world_size"] > 1:
-        from accelerate.utils import gather_object
-
-        sums = gather_object([parameters_checksum(trainer.model)])
-        if len(set(sums)) != 1:
-            raise RuntimeError(f"{stage}: DDP ranks ended with different weights (parameter sums {sums})")
+        agree, diff = ranks_agree(trainer.accelerator, trainer.model)
+        if not agree:
+            raise RuntimeError(f"{stage}: DDP ranks ended with different weights (checksums differ by {diff})")
         world["ranks_agree"] = True
     final_eval = trainer.evaluate()
     if trainer.is_world_process_zero():
         write_plots(trainer.state.log_history, params.paths.out(params.paths.logs, stage))
     rates = [r["tokens_per_s"] for r in trainer.state.log_history if "tokens_per_s" in r]
+    mfus = [r["mfu"] for r in trainer.state.log_history if "mfu" in r]
     eval_loss = final_eval.get("eval_loss", math.nan)
     return {
         "train_loss": round(float(result.training_loss), 5),
         "eval_loss": round(float(eval_loss), 5),
         "steps": int(trainer.state.global_step),
         "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else 0.0,
+        "peak_memory_gb": round(peak_memory_gb(trainer.args.device), 4),
+        **({"mfu": round(sum(mfus) / len(mfus), 5)} if mfus else {}),
         "resumed_from_step": resumed_step,
         "num_parameters": num_parameters,
         **world,

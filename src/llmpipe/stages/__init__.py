@@ -20,6 +20,7 @@ TASKS: dict[str, str] = {
     "grpo": "Group relative policy optimisation (TRL GRPOTrainer) of the SFT model against verifiable rewards.",
     "evaluate": "lm-evaluation-harness on one model (--model NAME).",
     "report": "reports/report.md: every model × metric, task descriptions, stage wall times.",
+    "regression": "Hardware smoke test: an MLP on y = Xw + noise with plain Accelerate; ranks must agree (hand run).",
 }
 """Registered tasks and their one-line descriptions (shown by `llm-train --help`)."""
 
@@ -27,7 +28,10 @@ ALIASES: dict[str, str] = {"lm": "pretrain"}
 
 TRAINING_TASKS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 
-DISTRIBUTED_TASKS = TRAINING_TASKS
+HAND_TASKS = ("regression",)
+"""Tasks run by hand only, with no stage in dvc.yaml."""
+
+DISTRIBUTED_TASKS = (*TRAINING_TASKS, "regression")
 """Tasks that run under `distributed:` params (re-launched under `accelerate launch` when it asks for it)."""
 
 

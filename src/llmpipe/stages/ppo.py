@@ -40,6 +40,7 @@ from llmpipe.data.loading import load_split
 from llmpipe.errors import UserError
 from llmpipe.io import atomic_dir, write_json
 from llmpipe.modeling import count_parameters, load_model, load_tokenizer, save_model
+from llmpipe.profiling import StepProfiler
 from llmpipe.rewards import compute_rewards
 from llmpipe.rl.ppo import (
     KL_ESTIMATORS,
@@ -55,6 +56,7 @@ from llmpipe.rl.ppo import (
     whiten,
 )
 from llmpipe.stages.pretrain import pack
+from llmpipe.throughput import peak_memory_gb, reset_peak_memory
 from llmpipe.training import checkpoint_dir, last_checkpoint, resolve_precision, training_kwargs, write_plots
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,8 @@ LOG_COLUMNS = (
     "clip_fraction", "value_clip_fraction", "approx_kl", "response_length", "eos_fraction", "tokens_per_s",
     "learning_rate", "grad_norm",
 )  # fmt: skip
-"""Columns of ``logs/ppo/train.csv`` (means over the `logging_steps` window)."""
+"""Columns of ``logs/ppo/train.csv`` (means over the `logging_steps` window); ``tokens_per_s`` is generated tokens
+per second of generation. Each log line also gets ``peak_memory_gb`` (`throughput.peak_memory_gb`, so far)."""
 
 
 def prompts_per_step(cfg: PPOParams) -> int:
@@ -544,19 +547,25 @@ def _build(params: Params, tokenizer, train: Prompts, valid: Prompts, run_dir: P
     return run, total_steps
 
 
-def _train(run: PPORun, state: dict[str, Any], total_steps: int, run_dir: Path, tensorboard) -> None:
+def _train(
+    run: PPORun, state: dict[str, Any], total_steps: int, run_dir: Path, tensorboard, profiler: StepProfiler | None
+) -> None:
     """PPO steps from ``state["step"]`` to `total_steps`: log every `logging_steps` (window means), evaluate
-    every `eval_steps`, checkpoint every `save_steps`, and all three at the last step."""
+    every `eval_steps`, checkpoint every `save_steps`, and all three at the last step; step `profiler` (if any)
+    after every PPO step."""
     cfg = run.cfg
     steps_per_epoch = len(run.train.ids) / run.rollout_batch_size
     while state["step"] < total_steps:
         state["history"].append(run.step())
         state["step"] += 1
+        if profiler is not None:
+            profiler.step()
         step = state["step"]
         records = []
         if step % cfg.logging_steps == 0 or step == total_steps:
             window = (step - 1) % cfg.logging_steps + 1  # steps since the last log line
-            records.append(_window_record(state["history"][-window:], step, steps_per_epoch))
+            record = _window_record(state["history"][-window:], step, steps_per_epoch)
+            records.append({**record, "peak_memory_gb": round(peak_memory_gb(run.accelerator.device), 4)})
         if step % cfg.eval_steps == 0 or step == total_steps:
             records.append({"step": step, "epoch": round(step / steps_per_epoch, 4), **run.evaluate()})
         for record in records:
@@ -575,8 +584,9 @@ def run(params: Params) -> dict[str, float]:
     Returns:
         ``reward_first``/``reward_last`` (mean raw score over the first/last 10% of steps) with their standard
         errors ``*_se``, ``kl_final`` (summed per-token KL to the reference, last step), ``response_length_first``
-        / ``_last`` (tokens), ``eval_reward`` (validation prompts, final policy), ``steps``,
-        ``resumed_from_step`` (0 for a fresh run), ``num_parameters`` (policy).
+        / ``_last`` (tokens), ``eval_reward`` (validation prompts, final policy), ``steps``, ``tokens_per_s``
+        (generated tokens per second of generation, mean over logged windows), ``peak_memory_gb`` (this process,
+        `throughput.peak_memory_gb`), ``resumed_from_step`` (0 for a fresh run), ``num_parameters`` (policy).
 
     Raises:
         UserError: Missing inputs, no prompt fits the token budget, a too long `max_length`, or a
@@ -611,16 +621,25 @@ def run(params: Params) -> dict[str, float]:
     log.info("ppo: %d steps of %d prompts, %.2f M policy parameters", total_steps, ppo.rollout_batch_size,
              count_parameters(ppo.policy) / 1e6)  # fmt: skip
     tensorboard = SummaryWriter(log_dir=str(paths.out(paths.logs, "ppo", "tensorboard")))
-    _train(ppo, state, total_steps, run_dir, tensorboard)
+    reset_peak_memory(ppo.accelerator.device)
+    profiler = StepProfiler(params.profile, paths.out(paths.logs, "ppo", "profile")) if params.profile.enabled else None
+    if profiler is not None:
+        profiler.start()
+    _train(ppo, state, total_steps, run_dir, tensorboard, profiler)
+    if profiler is not None:
+        profiler.stop()
     tensorboard.close()
 
     save_model(ppo.accelerator.unwrap_model(ppo.policy), tokenizer, paths.out(paths.models, "ppo"))
     write_plots(state["log_history"], paths.out(paths.logs, "ppo"))
     evals = [r for r in state["log_history"] if "eval_reward" in r]
+    rates = [r["tokens_per_s"] for r in state["log_history"] if "tokens_per_s" in r]
     return {
         **_summary(state["history"], ppo.rollout_batch_size),
         "eval_reward": round(evals[-1]["eval_reward"], 5),
         "steps": state["step"],
+        "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else 0.0,
+        "peak_memory_gb": round(peak_memory_gb(ppo.accelerator.device), 4),
         "resumed_from_step": resumed_step,
         "num_parameters": count_parameters(ppo.policy),
     }
