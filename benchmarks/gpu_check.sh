@@ -2,7 +2,7 @@
 # One prepared check for a machine with one NVIDIA GPU and no package registry; under 8 minutes on an H100/H200.
 #
 #   1. pretrain a ~134M-parameter Llama (12 layers × 768, vocab 32k, 1024-token blocks) in bf16 autocast with
-#      torch.compile for --steps steps: steady-state tokens/s and MFU (llmpipe's own logging), beside the
+#      torch.compile for --steps steps of 64 blocks: steady-state tokens/s and MFU (llmpipe's own logging), beside the
 #      datasheet and the measured bf16 matmul peak;
 #   2. a few steps with distributed.strategy fsdp (FSDP2, one process), then the same run with a larger step
 #      budget, which must resume from the checkpoint; the final model must load as a standard HF directory;
@@ -15,7 +15,7 @@
 #                   annotated_types, typing_inspection, typing_extensions, hjson, deepspeed, transformers)
 #     --out DIR     where the logs (one per part) and summary.txt go (default: ./gpu_check_out)
 #     --work DIR    data, models and checkpoints of the runs, emptied first (default: a new temp folder)
-#     --steps N     pretrain steps in part 1 (default 300)
+#     --steps N     pretrain steps in part 1 (default 200; 64 × 1024 tokens each)
 #     --tiny        a 2-layer model and a few steps: checks this script on a machine without a GPU (parts 2
 #                   and 3 must then stop with llmpipe's "needs CUDA GPUs" error, which counts as a pass)
 # Exit status: 0 when every part passed. Each part has its own time limit, so one hang cannot eat the rest.
@@ -23,7 +23,7 @@ set -uo pipefail
 
 usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-WHEELS="" OUT_DIR="$PWD/gpu_check_out" WORK="" STEPS=300 TINY=0
+WHEELS="" OUT_DIR="$PWD/gpu_check_out" WORK="" STEPS=200 TINY=0
 while (($#)); do
   case "$1" in
     --wheels) WHEELS=${2:?--wheels needs a folder}; shift 2 ;;
@@ -57,7 +57,7 @@ if ((TINY)); then
   VOCAB=1024 BLOCK=128 BATCH=4 SHORT=4 LIMIT_S=240
 else
   MODEL='{hidden_size: 768, num_hidden_layers: 12, num_attention_heads: 12, num_key_value_heads: 12, intermediate_size: 2048, max_position_embeddings: 1024}'
-  VOCAB=32000 BLOCK=1024 BATCH=32 SHORT=20 LIMIT_S=300
+  VOCAB=32000 BLOCK=1024 BATCH=64 SHORT=20 LIMIT_S=300
 fi
 
 # params.yaml of part 1; parts 2-3 add their own files beside it (every stage reads --config-path).
@@ -101,8 +101,8 @@ else:
 EOF
 
 # 1. data, tokenizer, then the compiled bf16 pretrain run.
-part prepare 240 "$PY" -m llmpipe.cli --task prepare || status=1
-part tokenizer 240 "$PY" -m llmpipe.cli --task tokenizer || status=1
+part prepare 120 "$PY" -m llmpipe.cli --task prepare || status=1
+part tokenizer 120 "$PY" -m llmpipe.cli --task tokenizer || status=1
 if part pretrain_compiled "$LIMIT_S" "$PY" -m llmpipe.cli --task pretrain; then
   "$PY" - <<'EOF' 2>&1 | tee -a "$SUMMARY"
 import csv, json, statistics
@@ -133,7 +133,7 @@ raw.update(over)
 raw["pretrain"] = {**raw["pretrain"], "max_steps": steps, "save_steps": 10, "eval_steps": 10, "logging_steps": 5}
 yaml.safe_dump(raw, open(f"params-{s}.yaml", "w"))
 EOF
-    if ! part "${s}_${steps}steps" 240 "$PY" -m llmpipe.cli --task pretrain --config-path "params-$s.yaml"; then
+    if ! part "${s}_${steps}steps" 150 "$PY" -m llmpipe.cli --task pretrain --config-path "params-$s.yaml"; then
       if ((TINY)) && grep -q "distributed.strategy: $s needs CUDA GPUs" "$OUT_DIR/${s}_${steps}steps.log"; then
         say "$s: refused on this machine without a GPU, as it must be (--tiny)"
         return 0
