@@ -184,6 +184,7 @@ def accelerate_config(params, num_processes: int, deepspeed_config_file: Path | 
         config["fsdp_config"] = {renamed.get(k, f"fsdp_{k}"): v for k, v in fsdp_plugin_kwargs(params).items()}
     if dist.strategy == "deepspeed":
         config["deepspeed_config"] = {"deepspeed_config_file": str(deepspeed_config_file), "zero3_init_flag": False}
+        del config["mixed_precision"]  # Accelerate refuses it beside a DeepSpeed config file (which says "auto")
     return config
 
 
