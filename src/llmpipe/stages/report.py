@@ -22,8 +22,10 @@ from llmpipe.io import atomic_file
 STAGES = ("prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 """Stages whose ``metrics/<stage>.json`` the report reads (missing files are skipped)."""
 
-TRAINING_COLUMNS = ("train_loss", "eval_loss", "steps", "tokens_per_s", "num_parameters")
-"""Columns of the training table (keys of a training stage's metrics)."""
+TRAINING_COLUMNS = (
+    "train_loss", "eval_loss", "steps", "tokens_per_s", "mfu", "peak_memory_gb", "world_size", "num_parameters"
+)
+"""Columns of the training table (keys of a training stage's metrics; mfu only where the device's peak is known)."""
 
 MARKS = {True: "✓", False: "✗", None: "–"}
 
