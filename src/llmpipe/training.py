@@ -173,6 +173,18 @@ class ThroughputLog(TrainerCallback):
             state.log_history[-1]["tokens_per_s"] = logs["tokens_per_s"]
 
 
+class FirstStepLog(TrainerCallback):
+    """Trainer callback logging the end of a run's first optimizer step: start-up cost is the time to this line."""
+
+    def __init__(self, stage: str) -> None:
+        self._stage, self._done = stage, False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self._done:
+            self._done = True
+            log.info("%s: first step done (step %d)", self._stage, state.global_step)
+
+
 TRAIN_COLUMNS = ("step", "epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "num_input_tokens_seen")
 """The first columns of ``train.csv``; every other key a stage logs per step follows, sorted."""
 
@@ -217,6 +229,7 @@ def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -
         log.info("%s: resuming from %s (step %d)", stage, resume, resumed_step)
     else:
         log.info("%s: fresh run in %s", stage, run_dir)
+    trainer.add_callback(FirstStepLog(stage))
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     final_eval = trainer.evaluate()
     if trainer.is_world_process_zero():
