@@ -32,7 +32,8 @@ def resolve_precision(precision: str) -> tuple[bool, bool]:
     """Map ``train.precision`` to ``(bf16, fp16)`` for the device this process will train on.
 
     `auto` is bf16 on a CUDA device that supports it, or on a CPU with native bf16 (AVX512-BF16/AMX);
-    otherwise fp32.
+    otherwise fp32. An explicit bf16 on a CPU without native bf16 is honoured with a warning: its matmuls
+    are emulated (benchmarks/pretrain_throughput.py measured ~20x slower steps than fp32).
 
     Raises:
         UserError: fp16 was asked for without a CUDA device, or bf16 on a GPU that lacks it.
@@ -52,6 +53,9 @@ def resolve_precision(precision: str) -> tuple[bool, bool]:
         supported = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     if precision == "bf16" and cuda and not supported:
         raise UserError("train.precision: this GPU has no bf16; use fp16, auto or fp32")
+    if precision == "bf16" and not cuda and not supported:
+        log.warning("train.precision: bf16 on a CPU without native bf16 (AVX512-BF16/AMX) emulates its matmuls, "
+                    "about 20x slower than fp32 on a 2-core AVX2 machine; auto picks fp32 here")
     return (precision == "bf16" or supported), False
 
 
