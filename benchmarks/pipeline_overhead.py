@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -56,7 +55,9 @@ def command(name: str, module: str) -> list[str]:
 
 def repro(repo: Path, env: dict[str, str]) -> tuple[float, str]:
     start = time.perf_counter()
-    proc = subprocess.run([*command("dvc", "dvc"), "repro"], cwd=repo, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [*command("dvc", "dvc"), "repro"], check=False, cwd=repo, env=env, capture_output=True, text=True
+    )
     took = time.perf_counter() - start
     if proc.returncode:
         raise SystemExit(f"dvc repro failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
@@ -88,7 +89,9 @@ def startup(repo: Path, env: dict[str, str], out: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repo", type=Path, help="an llmpipe checkout with an up-to-date pipeline (default: tiny repo)")
+    parser.add_argument(
+        "--repo", type=Path, help="an llmpipe checkout with an up-to-date pipeline (default: tiny repo)"
+    )
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each measurement")
     args = parser.parse_args()
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", DVC_NO_ANALYTICS="1")
@@ -96,9 +99,13 @@ def main() -> None:
         if args.repo:
             repo = args.repo.resolve()
         else:
-            env.update(GIT_AUTHOR_NAME="bench", GIT_COMMITTER_NAME="bench",
-                       GIT_AUTHOR_EMAIL="bench@example.invalid", GIT_COMMITTER_EMAIL="bench@example.invalid",
-                       HF_HOME=str(Path(tmp, "hf_home")))
+            env.update(
+                GIT_AUTHOR_NAME="bench",
+                GIT_COMMITTER_NAME="bench",
+                GIT_AUTHOR_EMAIL="bench@example.invalid",
+                GIT_COMMITTER_EMAIL="bench@example.invalid",
+                HF_HOME=str(Path(tmp, "hf_home")),
+            )
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
             repo = tiny_repo(Path(tmp, "repo"), env)
             took, _ = repro(repo, env)
@@ -121,10 +128,14 @@ def main() -> None:
             print(f"  {at:6.2f} s  (+{at - before:5.2f})  {phase}")
             before = at
         first = [r["pretrain: first step done"] for r in runs]
-        print(f"start-up to first step: median {statistics.median(first):.2f} s "
-              f"(runs: {' '.join(f'{s:.2f}' for s in first)})")
+        print(
+            f"start-up to first step: median {statistics.median(first):.2f} s "
+            f"(runs: {' '.join(f'{s:.2f}' for s in first)})"
+        )
     median = statistics.median(noop)
-    print(f"\n{'PASS' if median < TARGET_NOOP_S else 'FAIL'} no-op dvc repro = {median:.2f} s (target < {TARGET_NOOP_S:g} s)")
+    print(
+        f"\n{'PASS' if median < TARGET_NOOP_S else 'FAIL'} no-op dvc repro = {median:.2f} s (target < {TARGET_NOOP_S:g} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,10 @@ def resolve_precision(precision: str) -> tuple[bool, bool]:
     if precision == "bf16" and cuda and not supported:
         raise UserError("train.precision: this GPU has no bf16; use fp16, auto or fp32")
     if precision == "bf16" and not cuda and not supported:
-        log.warning("train.precision: bf16 on a CPU without native bf16 (AVX512-BF16/AMX) emulates its matmuls, "
-                    "about 20x slower than fp32 on a 2-core AVX2 machine; auto picks fp32 here")
+        log.warning(
+            "train.precision: bf16 on a CPU without native bf16 (AVX512-BF16/AMX) emulates its matmuls, "
+            "about 20x slower than fp32 on a 2-core AVX2 machine; auto picks fp32 here"
+        )
     return (precision == "bf16" or supported), False
 
 
