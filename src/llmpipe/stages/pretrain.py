@@ -40,12 +40,29 @@ class PackedBlocks:
 
 
 def pack_ids(texts: list[str], tokenizer):
-    """Token ids of `texts` (no special tokens), each document followed by eos, as one int64 tensor (N,)."""
+    """Token ids of `texts` (no special tokens), each document followed by eos, as one int64 tensor (N,).
+
+    The same ids as ``tokenizer(texts, add_special_tokens=False)``, but a fast tokenizer's backend
+    (`tokenizers`) encodes the batch directly, without the per-document Python lists of every field that the
+    tokenizer call builds, and numpy joins the documents: together ~1.2x faster on the stdlib corpus
+    (benchmarks/tokenize_throughput.py).
+    """
+    import itertools
+
+    import numpy as np
     import torch
 
-    ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
-    eos = tokenizer.eos_token_id
-    return torch.tensor([t for doc in ids for t in (*doc, eos)], dtype=torch.long)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    # The tokenizer call turns truncation and padding off and sets how special-token text is split; a
+    # backend left in another state goes through the call.
+    plain = backend is not None and backend.truncation is None and backend.padding is None
+    if plain and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False)):
+        docs = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    else:
+        docs = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+    ends = np.cumsum([len(d) for d in docs], dtype=np.int64)  # (D,) where each document's eos goes
+    flat = np.fromiter(itertools.chain.from_iterable(docs), dtype=np.int64, count=int(ends[-1]) if len(ends) else 0)
+    return torch.from_numpy(np.insert(flat, ends, tokenizer.eos_token_id))
 
 
 def pack(path: Path, tokenizer, block_size: int, max_blocks: int | None = None) -> PackedBlocks:
