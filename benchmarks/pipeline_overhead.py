@@ -13,6 +13,7 @@ temporary folder, so the DVC outputs stay up to date and the run starts fresh) t
 ``pretrain: first step done``, which `llmpipe.training.train_stage` writes when the first optimizer step
 has ended; the process is then killed. Each of the stage's log lines is timestamped on arrival, which
 splits start-up into imports and params, data packing, model and trainer set-up, and the first step.
+A fresh interpreter's import of torch and the Trainer is timed apart, to split the second phase.
 Medians over `--runs`. With the tiny repo the stage trains the tests' tiny params (a 2-layer Llama on a 1k BPE).
 """
 
@@ -87,6 +88,14 @@ def startup(repo: Path, env: dict[str, str], out: Path) -> dict[str, float]:
     return seen
 
 
+def import_s(env: dict[str, str]) -> float:
+    """Seconds a fresh interpreter takes to import what the stage imports before packing (torch, the Trainer)."""
+    code = "import torch, transformers; from transformers import AutoTokenizer, Trainer, TrainingArguments"
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -128,6 +137,8 @@ def main() -> None:
             print(f"  {at:6.2f} s  (+{at - before:5.2f})  {phase}")
             before = at
         first = [r["pretrain: first step done"] for r in runs]
+        imports = statistics.median(import_s(env) for _ in range(args.runs))
+        print(f"  (of which a fresh `import torch, transformers` + Trainer alone takes {imports:.2f} s)")
         print(
             f"start-up to first step: median {statistics.median(first):.2f} s "
             f"(runs: {' '.join(f'{s:.2f}' for s in first)})"
