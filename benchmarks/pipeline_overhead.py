@@ -13,7 +13,8 @@ temporary folder, so the DVC outputs stay up to date and the run starts fresh) t
 ``pretrain: first step done``, which `llmpipe.training.train_stage` writes when the first optimizer step
 has ended; the process is then killed. Each of the stage's log lines is timestamped on arrival, which
 splits start-up into imports and params, data packing, model and trainer set-up, and the first step.
-A fresh interpreter's import of torch and the Trainer is timed apart, to split the second phase.
+A fresh interpreter's import of torch, transformers and the Trainer (which the second and third phases
+include) is timed apart.
 Medians over `--runs`. With the tiny repo the stage trains the tests' tiny params (a 2-layer Llama on a 1k BPE).
 """
 
@@ -138,7 +139,9 @@ def main() -> None:
             before = at
         first = [r["pretrain: first step done"] for r in runs]
         imports = statistics.median(import_s(env) for _ in range(args.runs))
-        print(f"  (of which a fresh `import torch, transformers` + Trainer alone takes {imports:.2f} s)")
+        print(
+            f"  (phases 2 and 3 include importing torch, transformers and the Trainer: {imports:.2f} s in a fresh process)"
+        )
         print(
             f"start-up to first step: median {statistics.median(first):.2f} s "
             f"(runs: {' '.join(f'{s:.2f}' for s in first)})"
