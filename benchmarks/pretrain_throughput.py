@@ -2,7 +2,6 @@
 
     python benchmarks/pretrain_throughput.py                        # bf16, fp32, compile; shipped params.yaml model
     python benchmarks/pretrain_throughput.py --modes fp32 compile-fp32 --rounds 7 --block-steps 6
-    python benchmarks/pretrain_throughput.py --modes bf16 compile --rounds 3 --block-steps 1  # CPU without bf16
     python benchmarks/pretrain_throughput.py --params my_params.yaml
 
 Stage loop: the HF `Trainer` that `llmpipe.stages.pretrain.make_trainer` builds (the stage's
@@ -29,13 +28,14 @@ against the raw EAGER bf16 loop; the compile warm-up, first trainer block minus 
 apart), and `compile-fp32` (the same in fp32, figures only: does compile pay without bf16?). Targets on 2 CPU cores: trainer/raw ≥ 0.98 in bf16 and in fp32; compiled trainer ≥ 1.2× raw eager
 bf16. bf16 only pays on CPUs with native bf16 (AVX512-BF16/AMX); the script prints whether this one has it.
 Without it (an AVX2-only CPU) bf16 matmuls are emulated and a bf16 step of the default model takes ~20 s
-against ~1 s in fp32, so use few short blocks there (third command above).
+against ~1 s in fp32, so there the bf16 modes default to 3 rounds of 1 step. CPU only: GPUs are hidden.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 import sysconfig
@@ -142,7 +142,7 @@ def alternate_callback(raw: RawLoop, block_steps: int, num_blocks: int):
     return Alternate()
 
 
-def run_mode(mode: str, args, tokenizer, tmp: Path) -> dict[str, float]:
+def run_mode(mode: str, params_path: Path, rounds: int, block_steps: int, tokenizer, tmp: Path) -> dict[str, float]:
     import torch
 
     from llmpipe.config import load_params
@@ -151,11 +151,11 @@ def run_mode(mode: str, args, tokenizer, tmp: Path) -> dict[str, float]:
     from llmpipe.training import tensorboard_callback, train_stage
 
     fp32, compiled = mode.endswith("fp32"), mode.startswith("compile")
-    num_blocks = args.rounds + 1  # the first is warm-up
-    window = num_blocks * args.block_steps
+    num_blocks = rounds + 1  # the first is warm-up
+    window = num_blocks * block_steps
     out = tmp / mode
     params = load_params(
-        args.params,
+        params_path,
         {
             "paths.output_root": str(out),
             "pretrain.precision": "fp32" if fp32 else "bf16",
@@ -169,14 +169,14 @@ def run_mode(mode: str, args, tokenizer, tmp: Path) -> dict[str, float]:
     train = random_blocks(max(cfg.num_samples or 0, 4096), cfg.max_length, len(tokenizer), cfg.seed)
     valid = random_blocks(cfg.max_eval_samples, cfg.max_length, len(tokenizer), cfg.seed + 1)
     raw = RawLoop(params, build_model(params.model, tokenizer), train, bf16=not fp32, total_steps=window + 1)
-    timer = alternate_callback(raw, args.block_steps, num_blocks)
+    timer = alternate_callback(raw, block_steps, num_blocks)
     run_dir = out / "checkpoints"
     tensorboard = tensorboard_callback(out / "tensorboard")
     trainer = make_trainer(params, build_model(params.model, tokenizer), train, valid, run_dir, [tensorboard, timer])
     assert trainer.args.bf16 == (not fp32) and trainer.args.torch_compile == compiled
     train_stage(trainer, params, "pretrain", run_dir, tokenizer)
     assert len(timer.trainer_s) == num_blocks, "the trainer stopped early"
-    tokens = args.block_steps * cfg.per_device_train_batch_size * cfg.max_length
+    tokens = block_steps * cfg.per_device_train_batch_size * cfg.max_length
     trainer_tps = statistics.median(tokens / s for s in timer.trainer_s[1:])
     raw_tps = statistics.median(tokens / s for s in timer.raw_s[1:])
     steady = statistics.median(timer.trainer_s[1:])
@@ -200,9 +200,10 @@ def main() -> None:
         "--params", type=Path, default=ROOT / "params.yaml", help="params file (default: the shipped one)"
     )
     parser.add_argument("--modes", nargs="+", choices=list(TARGETS), default=["bf16", "fp32", "compile"])
-    parser.add_argument("--rounds", type=int, default=9, help="timed trainer/raw block pairs per mode")
-    parser.add_argument("--block-steps", type=int, default=5, help="optimizer steps per block")
+    parser.add_argument("--rounds", type=int, help="timed trainer/raw block pairs per mode (default 9; 3 slow bf16)")
+    parser.add_argument("--block-steps", type=int, help="optimizer steps per block (default 5; 1 slow bf16)")
     args = parser.parse_args()
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU benchmark: the Trainer must not pick a GPU the raw loop lacks
     logging.basicConfig(level=logging.WARNING)
 
     import torch
@@ -215,25 +216,27 @@ def main() -> None:
     params = load_params(args.params)
     tokenizer = build_tokenizer(params)
     cfg = params.pretrain
+    native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     print(
         f"model: {count_parameters(build_model(params.model, tokenizer)) / 1e6:.2f} M parameters, vocab "
         f"{len(tokenizer)}; batch {cfg.per_device_train_batch_size} × {cfg.max_length} tokens; "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, native bf16: "
-        f"{torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()}"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, native bf16: {native_bf16}"
     )
-    print(f"{args.rounds} rounds of {args.block_steps} steps per loop and mode, after one warm-up block each")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes:
-            r = results[mode] = run_mode(mode, args, tokenizer, Path(tmp))
+            slow = not native_bf16 and not mode.endswith("fp32")  # emulated bf16: ~20x slower steps
+            rounds, block_steps = args.rounds or (3 if slow else 9), args.block_steps or (1 if slow else 5)
+            print(f"\n{mode}: {rounds} rounds of {block_steps} steps per loop, after one warm-up block each")
+            r = results[mode] = run_mode(mode, args.params, rounds, block_steps, tokenizer, Path(tmp))
             vs = f"raw eager {'fp32' if mode.endswith('fp32') else 'bf16'}" if mode.startswith("compile") else "raw"
             print(
-                f"\n{mode}: trainer {r['trainer']:,.0f} tokens/s, {vs} {r['raw']:,.0f} tokens/s, "
+                f"{mode}: trainer {r['trainer']:,.0f} tokens/s, {vs} {r['raw']:,.0f} tokens/s, "
                 f"ratio {r['ratio']:.3f} (median of per-round ratios {r['paired']:.3f})"
             )
             print("  trainer blocks (s): " + " ".join(f"{s:.2f}" for s in r["trainer_blocks"]))
             print("  raw blocks (s):     " + " ".join(f"{s:.2f}" for s in r["raw_blocks"]))
-            extra_ms = (statistics.median(r["trainer_blocks"]) - statistics.median(r["raw_blocks"])) / args.block_steps
+            extra_ms = (statistics.median(r["trainer_blocks"]) - statistics.median(r["raw_blocks"])) / block_steps
             print(f"  trainer time over raw per step: {extra_ms * 1e3:+.1f} ms")
             if mode.startswith("compile"):
                 print(f"  compile warm-up: {r['warmup_s']:.1f} s (first trainer block minus a steady one)")
