@@ -23,12 +23,14 @@ beyond it, `max_steps` one past it and the run stopped at its end (the stage's f
 save then run, untimed).
 
 Modes: `bf16` (Trainer `bf16=True`, fp32 master weights; raw loop under `torch.autocast("cpu",
-torch.bfloat16)`), `fp32`, and `compile` (Trainer with `distributed.torch_compile: true` in bf16 autocast
+torch.bfloat16)`), `fp32`, `compile` (Trainer with `distributed.torch_compile: true` in bf16 autocast
 against the raw EAGER bf16 loop; the compile warm-up, first trainer block minus a steady block, is printed
-apart: 24-27 s here on a first run, ~7 s once torch's on-disk inductor cache holds the graphs), and `compile-fp32` (the same in fp32, figures only: does compile pay without bf16?). Targets on 2 CPU cores: trainer/raw ≥ 0.98 in bf16 and in fp32; compiled trainer ≥ 1.2× raw eager
-bf16. bf16 only pays on CPUs with native bf16 (AVX512-BF16/AMX); the script prints whether this one has it.
-Without it (an AVX2-only CPU) bf16 matmuls are emulated and a bf16 step of the default model takes ~20 s
-against ~1 s in fp32, so there the bf16 modes default to 3 rounds of 1 step. CPU only: GPUs are hidden.
+apart: 24-27 s here on a first run, ~7 s once torch's on-disk inductor cache holds the graphs), and
+`compile-fp32` (the same in fp32, figures only: does compile pay without bf16?). Targets on 2 CPU cores:
+trainer/raw ≥ 0.98 in bf16 and in fp32; compiled trainer ≥ 1.2× raw eager bf16. bf16 only pays on CPUs
+with native bf16 (AVX512-BF16/AMX); the script prints whether this one has it. Without it (an AVX2-only
+CPU) bf16 matmuls are emulated and a bf16 step of the default model takes ~20 s against ~1 s in fp32, so
+there the bf16 modes default to 3 rounds of 1 step. CPU only: GPUs are hidden.
 """
 
 from __future__ import annotations
