@@ -140,7 +140,8 @@ def main() -> None:
         first = [r["pretrain: first step done"] for r in runs]
         imports = statistics.median(import_s(env) for _ in range(args.runs))
         print(
-            f"  (phases 2 and 3 include importing torch, transformers and the Trainer: {imports:.2f} s in a fresh process)"
+            f"  (phases 2 and 3 include importing torch, transformers and the Trainer: "
+            f"{imports:.2f} s in a fresh process)"
         )
         print(
             f"start-up to first step: median {statistics.median(first):.2f} s "
@@ -148,7 +149,8 @@ def main() -> None:
         )
     median = statistics.median(noop)
     print(
-        f"\n{'PASS' if median < TARGET_NOOP_S else 'FAIL'} no-op dvc repro = {median:.2f} s (target < {TARGET_NOOP_S:g} s)"
+        f"\n{'PASS' if median < TARGET_NOOP_S else 'FAIL'} no-op dvc repro = {median:.2f} s "
+        f"(target < {TARGET_NOOP_S:g} s)"
     )
 
 
