@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_PARAMS, deep_merge, kill_after_first_checkpoint
+from conftest import deep_merge, kill_after_first_checkpoint
 
 from llmpipe.config import ParamsError, parse_params
 from llmpipe.distributed import launch

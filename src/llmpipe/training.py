@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from llmpipe.config import BUDGET_KEYS, Params, TrainParams
 from llmpipe.distributed.agreement import ranks_agree
 from llmpipe.distributed.launch import check_world, is_main_process
@@ -34,7 +36,8 @@ def resolve_precision(precision: str) -> tuple[bool, bool]:
     """Map ``train.precision`` to ``(bf16, fp16)`` for the device this process will train on.
 
     `auto` is bf16 on a CUDA device that supports it, or on a CPU with native bf16 (AVX512-BF16/AMX);
-    otherwise fp32.
+    otherwise fp32. An explicit bf16 on a CPU without native bf16 is honoured with a warning: its matmuls
+    are emulated (benchmarks/pretrain_throughput.py measured ~20x slower steps than fp32).
 
     Raises:
         UserError: fp16 was asked for without a CUDA device, or bf16 on a GPU that lacks it.
@@ -54,6 +57,11 @@ def resolve_precision(precision: str) -> tuple[bool, bool]:
         supported = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     if precision == "bf16" and cuda and not supported:
         raise UserError("train.precision: this GPU has no bf16; use fp16, auto or fp32")
+    if precision == "bf16" and not cuda and not supported:
+        log.warning(
+            "train.precision: bf16 on a CPU without native bf16 (AVX512-BF16/AMX) emulates its matmuls, "
+            "about 20x slower than fp32 on a 2-core AVX2 machine; auto picks fp32 here"
+        )
     return (precision == "bf16" or supported), False
 
 
@@ -154,6 +162,18 @@ def last_checkpoint(run_dir: Path) -> Path | None:
     return max(done, key=lambda p: int(p.name[11:]), default=None)
 
 
+class FirstStepLog(TrainerCallback):
+    """Trainer callback logging the end of a run's first optimizer step: start-up cost is the time to this line."""
+
+    def __init__(self, stage: str) -> None:
+        self._stage, self._done = stage, False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self._done:
+            self._done = True
+            log.info("%s: first step done (step %d)", self._stage, state.global_step)
+
+
 TRAIN_COLUMNS = ("step", "epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "num_input_tokens_seen")
 """The first columns of ``train.csv``; every other key a stage logs per step follows, sorted."""
 
@@ -221,6 +241,7 @@ def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -
         log.info("%s: resuming from %s (step %d)", stage, resume, resumed_step)
     else:
         log.info("%s: fresh run in %s", stage, run_dir)
+    trainer.add_callback(FirstStepLog(stage))
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     consolidated_save(trainer, tokenizer, params.paths.out(params.paths.models, stage))  # before evaluating
     if params.distributed.strategy == "ddp" and world["world_size"] > 1:

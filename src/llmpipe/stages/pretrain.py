@@ -39,30 +39,73 @@ class PackedBlocks:
         return {"input_ids": block, "labels": block}
 
 
+def pack_ids(texts: list[str], tokenizer):
+    """Token ids of `texts` (no special tokens), each document followed by eos, as one int64 tensor (N,).
+
+    The same ids as ``tokenizer(texts, add_special_tokens=False)``, but a fast tokenizer's backend
+    (`tokenizers`) encodes the batch directly, without the per-document Python lists of every field that the
+    tokenizer call builds, and numpy joins the documents: ~1.3x faster on the stdlib corpus (3.2 → 4.2 MB/s,
+    benchmarks/tokenize_throughput.py).
+    """
+    import itertools
+
+    import numpy as np
+    import torch
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    # The tokenizer call turns truncation and padding off and sets how special-token text is split; a
+    # backend left in another state goes through the call.
+    plain = backend is not None and backend.truncation is None and backend.padding is None
+    if plain and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False)):
+        docs = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    else:
+        docs = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+    ends = np.cumsum([len(d) for d in docs], dtype=np.int64)  # (D,) where each document's eos goes
+    flat = np.fromiter(itertools.chain.from_iterable(docs), dtype=np.int64, count=int(ends[-1]) if len(ends) else 0)
+    return torch.from_numpy(np.insert(flat, ends, tokenizer.eos_token_id))
+
+
 def pack(path: Path, tokenizer, block_size: int, max_blocks: int | None = None) -> PackedBlocks:
     """Tokenize the ``text`` of every row of a jsonl file and pack it into blocks.
 
     Raises:
         UserError: The file is missing or yields fewer tokens than one block.
     """
-    import torch
-
     if not path.exists():
         raise UserError(f"{path}: missing; run the prepare stage first (dvc repro prepare)")
-    texts = [row["text"] for row in read_jsonl(path)]
-    ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
-    eos = tokenizer.eos_token_id
-    flat = torch.tensor([t for doc in ids for t in (*doc, eos)], dtype=torch.long)
+    flat = pack_ids([row["text"] for row in read_jsonl(path)], tokenizer)
     blocks = PackedBlocks(flat, block_size, max_blocks)
     if len(blocks) == 0:
         raise UserError(f"{path}: {len(flat)} tokens, fewer than one block of max_length={block_size}")
     return blocks
 
 
-def run(params: Params) -> dict[str, float]:
-    """Pretrain from random init; save models/pretrain. Returns losses, steps, tokens/s (see `train_stage`)."""
+def make_trainer(params: Params, model, train: PackedBlocks, valid: PackedBlocks, run_dir: Path, callbacks=()):
+    """The stage's Hugging Face `Trainer`: `training_kwargs` of ``pretrain`` on packed blocks.
+
+    `run` and ``benchmarks/pretrain_throughput.py`` both build it here, so the benchmark times the stage's loop.
+
+    Args:
+        params: Validated params.
+        model: The causal LM to train.
+        train: Training blocks.
+        valid: Validation blocks.
+        run_dir: The run's checkpoint folder.
+        callbacks: Extra `TrainerCallback`s.
+    """
     from transformers import Trainer, TrainingArguments
 
+    return Trainer(
+        model=model,
+        args=TrainingArguments(**training_kwargs(params, "pretrain", run_dir)),
+        train_dataset=train,
+        eval_dataset=valid,
+        callbacks=list(callbacks),
+    )
+
+
+def run(params: Params) -> dict[str, float]:
+    """Pretrain from random init; save models/pretrain. Returns losses, steps, tokens/s (see `train_stage`)."""
     cfg = params.pretrain
     data = Path(params.paths.data, "pretrain")
     tokenizer = load_tokenizer(params.paths.tokenizer)
@@ -77,11 +120,6 @@ def run(params: Params) -> dict[str, float]:
     run_dir = checkpoint_dir(params, "pretrain", [data, Path(params.paths.tokenizer)])
     model = build_model(params.model, tokenizer)
     log.info("pretrain: %.2f M parameters", count_parameters(model) / 1e6)
-    trainer = Trainer(
-        model=model,
-        args=TrainingArguments(**training_kwargs(params, "pretrain", run_dir)),
-        train_dataset=train,
-        eval_dataset=valid,
-        callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "pretrain", "tensorboard"))],
-    )
+    tensorboard = tensorboard_callback(params.paths.out(params.paths.logs, "pretrain", "tensorboard"))
+    trainer = make_trainer(params, model, train, valid, run_dir, [tensorboard])
     return train_stage(trainer, params, "pretrain", run_dir, tokenizer)

@@ -1,0 +1,118 @@
+"""MB/s of the pretrain stage's tokenise-and-pack path against raw `tokenizers` `encode_batch` on the same text.
+
+    python benchmarks/tokenize_throughput.py               # builds data + tokenizer in a temp dir (~1 min on 2 cores)
+    python benchmarks/tokenize_throughput.py --workdir DIR # a folder whose params.yaml paths already hold them
+    python benchmarks/tokenize_throughput.py --rounds 7
+
+Text: the pretraining split (``data/pretrain/train.jsonl``) that the prepare stage builds from the
+interpreter's stdlib, tokenized with the BPE the tokenizer stage trains on it (both run here with the
+shipped params.yaml into a temporary folder, unless `--workdir` names one that has them).
+
+Stage path: `llmpipe.stages.pretrain.pack_ids` (what `pack` calls after reading the jsonl): tokenize every
+document, append eos to each, one flat int64 tensor. Raw: `tokenizers.Tokenizer.from_file(tokenizer.json)`
+`.encode_batch(texts, add_special_tokens=False)`, nothing more. The two alternate for `--rounds` rounds
+after one warm-up each; MB are UTF-8 bytes of text (10^6), medians are printed, and the stage's token ids are
+asserted equal to the raw ones with eos after each document. `pack` as a whole (jsonl read, blocks) is timed
+once for reference. Target: stage/raw ≥ 0.8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+TARGET = 0.8
+
+
+def prepared_params(workdir: Path | None, tmp: Path):
+    """Params whose data and tokenizer paths hold the pretraining split and tokenizer (built in `tmp` if needed)."""
+    from llmpipe.config import load_params
+
+    if workdir is not None:
+        params = load_params(workdir / "params.yaml")
+        absolute = {k: str(workdir / getattr(params.paths, k)) for k in ("data", "tokenizer")}
+        return load_params(workdir / "params.yaml", {f"paths.{k}": v for k, v in absolute.items()})
+    from llmpipe.stages import prepare, tokenizer
+
+    params = load_params(
+        ROOT / "params.yaml", {"paths.data": str(tmp / "data"), "paths.tokenizer": str(tmp / "tokenizer")}
+    )
+    start = time.perf_counter()
+    prepare.run(params)
+    tokenizer.run(params)
+    print(f"prepare + tokenizer stages: {time.perf_counter() - start:.1f} s")
+    return params
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workdir", type=Path, help="a folder with params.yaml whose data and tokenizer exist")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds of each path")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    import torch
+    from tokenizers import Tokenizer
+
+    from llmpipe.io import read_jsonl
+    from llmpipe.modeling import load_tokenizer
+    from llmpipe.stages.pretrain import pack, pack_ids
+
+    with tempfile.TemporaryDirectory() as tmp:
+        params = prepared_params(args.workdir, Path(tmp))
+        train = Path(params.paths.data, "pretrain", "train.jsonl")
+        texts = [row["text"] for row in read_jsonl(train)]
+        megabytes = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+        tokenizer = load_tokenizer(params.paths.tokenizer)
+        raw = Tokenizer.from_file(str(Path(params.paths.tokenizer, "tokenizer.json")))
+        print(
+            f"text: {len(texts)} documents, {megabytes:.2f} MB; vocab {len(tokenizer)}; "
+            f"{torch.get_num_threads()} threads"
+        )
+
+        stage_s, raw_s = [], []
+        for i in range(args.rounds + 1):  # round 0 is warm-up
+            start = time.perf_counter()
+            flat = pack_ids(texts, tokenizer)
+            t_stage = time.perf_counter() - start
+            start = time.perf_counter()
+            encodings = raw.encode_batch(texts, add_special_tokens=False)
+            t_raw = time.perf_counter() - start
+            if i:
+                stage_s.append(t_stage)
+                raw_s.append(t_raw)
+            else:
+                eos = tokenizer.eos_token_id
+                expected = [t for e in encodings for t in (*e.ids, eos)]
+                assert flat.dtype == torch.long and flat.tolist() == expected, "pack_ids differs from encode_batch"
+                print(
+                    f"token ids identical: {len(expected):,} tokens ({megabytes * 1e6 / len(expected):.2f} bytes/token)"
+                )
+            del flat, encodings
+
+        start = time.perf_counter()
+        blocks = pack(train, tokenizer, params.pretrain.max_length)
+        pack_s = time.perf_counter() - start
+
+    stage_mbs = statistics.median(megabytes / s for s in stage_s)
+    raw_mbs = statistics.median(megabytes / s for s in raw_s)
+    ratio = stage_mbs / raw_mbs
+    print(f"\nstage pack_ids:      {stage_mbs:6.2f} MB/s  (rounds, s: {' '.join(f'{s:.2f}' for s in stage_s)})")
+    print(f"raw encode_batch:    {raw_mbs:6.2f} MB/s  (rounds, s: {' '.join(f'{s:.2f}' for s in raw_s)})")
+    print(
+        f"pack (jsonl read, tokenize, blocks; once): {megabytes / pack_s:.2f} MB/s, {pack_s:.2f} s, "
+        f"{len(blocks)} blocks of {params.pretrain.max_length}"
+    )
+    print(f"\n{'PASS' if ratio >= TARGET else 'FAIL'} pack_ids / encode_batch = {ratio:.3f} (target >= {TARGET})")
+
+
+if __name__ == "__main__":
+    main()
