@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import yaml
 import pytest
 
 from conftest import ALL_STAGES, ROOT, TINY_PARAMS, make_pipeline_repo, sh, stages_run
@@ -231,7 +232,7 @@ def test_served_deployment_runs_every_stage(repo, env, client, served, record_pr
         assert f"| {stage} |" in summary
     assert "| pretrain | train_loss |" in summary and "wall time" in summary
     assert f"Report: `{repo / 'reports' / 'report.md'}`" in summary and f"`{repo / 'models' / 'dpo'}`" in summary
-    for model in ("baseline", "pretrain", "sft", "dpo"):
+    for model in yaml.safe_load(TINY_PARAMS)["eval"]["models"]:
         table = found[f"eval-{model}"].data
         rows = json.loads(table) if isinstance(table, str) else table
         assert rows and {"metric", "value"} <= set(rows[0])
@@ -256,26 +257,27 @@ def test_second_run_does_nothing(repo, env, client, served, record_property):
 
 def test_set_params_saves_an_experiment_and_leaves_the_workspace(repo, env, client, served):
     before = tree_digest(repo / "params.yaml", repo / "dvc.lock", repo / "models", repo / "metrics")
-    run_id = trigger(repo, env, set_params={"train.lr": "5e-4"}, experiment_name="lr5e-4")
+    # dpo.beta reruns three stages (the pipeline test covers a train.lr experiment that reruns almost all).
+    run_id = trigger(repo, env, set_params={"dpo.beta": "0.2"}, experiment_name="beta0.2")
     run = wait_final(client, run_id)
     out = text(logs(client, run_id))
     assert run.state.name == "Completed", out[-5000:]
-    assert stages_run(out) == ALL_STAGES - {"prepare", "tokenizer", "baseline", "evaluate@baseline"}
-    assert "resuming from" not in out, "the new lr never resumes another run's checkpoint"
+    assert stages_run(out) == {"dpo", "evaluate@dpo", "report"}
+    assert "resuming from" not in out, "the new beta never resumes another run's checkpoint"
 
     shown = json.loads(sh(repo, env, "dvc", "exp", "show", "--json"))
     exps = {rev["name"]: rev for baseline in shown for exp in baseline.get("experiments") or [] for rev in exp["revs"]}
-    assert "lr5e-4" in exps
-    params = exps["lr5e-4"]["data"]["params"]["params.yaml"]["data"]
-    assert params["train"]["lr"] == 5e-4
-    assert "lr5e-4" in sh(repo, env, "dvc", "exp", "show", "--csv")
+    assert "beta0.2" in exps
+    params = exps["beta0.2"]["data"]["params"]["params.yaml"]["data"]
+    assert params["dpo"]["beta"] == 0.2
+    assert "beta0.2" in sh(repo, env, "dvc", "exp", "show", "--csv")
 
     assert tree_digest(repo / "params.yaml", repo / "dvc.lock", repo / "models", repo / "metrics") == before
     assert sh(repo, env, "git", "status", "--porcelain", "--untracked-files=no") == ""
-    assert not working_copy_path(repo, "lr5e-4").exists(), "the saved experiment's copy is removed"
+    assert not working_copy_path(repo, "beta0.2").exists(), "the saved experiment's copy is removed"
     assert len(sh(repo, env, "git", "worktree", "list").splitlines()) == 1
     summary = artifacts(client, run_id)["full-pipeline-summary"].data
-    assert "lr5e-4" in summary and "| params.yaml | train.lr |" in summary
+    assert "beta0.2" in summary and "| params.yaml | dpo.beta |" in summary
 
 
 def test_killed_stage_is_retried_and_resumes_from_its_checkpoint(repo, env, client, served):

@@ -10,8 +10,8 @@ import math
 from pathlib import Path
 
 import pytest
-
-from conftest import ALL_STAGES, make_pipeline_repo, sh, stages_run
+import yaml
+from conftest import ALL_STAGES, TINY_PARAMS, make_pipeline_repo, sh, stages_run
 
 pytestmark = pytest.mark.slow
 
@@ -47,9 +47,10 @@ def test_repro_builds_every_artifact(repo, env):
     assert AutoModelForSequenceClassification.from_pretrained(repo / "models" / "reward").config.num_labels == 1
     for stage in ("reward", "ppo", "grpo"):
         metrics = json.loads((repo / "metrics" / f"{stage}.json").read_text())
-        assert metrics and all(math.isfinite(v) for v in metrics.values()), stage
+        numbers = [v for v in metrics.values() if not isinstance(v, str)]  # e.g. "strategy": "none"
+        assert numbers and all(math.isfinite(v) for v in numbers), stage
         assert (repo / "logs" / stage / "train.csv").read_text().count("\n") > 1, stage
-    for model in ("baseline", "pretrain", "sft", "dpo", "ppo", "grpo"):
+    for model in yaml.safe_load(TINY_PARAMS)["eval"]["models"]:
         metrics = json.loads((repo / "metrics" / "eval" / f"{model}.json").read_text())
         values = [v for k, v in metrics.items() if k != "wall_time_s"]
         assert values and all(math.isfinite(v) for v in values), model

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from llmpipe.config import Params, PPOParams
 from llmpipe.data.loading import load_split
+from llmpipe.distributed.launch import check_world
 from llmpipe.errors import UserError
 from llmpipe.io import atomic_dir, write_json
 from llmpipe.modeling import count_parameters, load_model, load_tokenizer, save_model
@@ -530,6 +531,7 @@ def _build(params: Params, tokenizer, train: Prompts, valid: Prompts, run_dir: P
     bf16, fp16 = resolve_precision(cfg.precision)
     mixed_precision = "bf16" if bf16 else "fp16" if fp16 else "no"
     accelerator = Accelerator(mixed_precision=mixed_precision, cpu=not torch.cuda.is_available())
+    check_world(params, accelerator)  # a hand-made launcher must not run N unsynchronised copies
     for frozen in (ref_policy, reward_model):
         if frozen is not None:
             frozen.eval().requires_grad_(False).to(accelerator.device)
