@@ -9,12 +9,14 @@
 #   3. the same with strategy deepspeed (ZeRO-3).
 #
 # Usage (from anywhere; the runs work in a fresh folder, --work):
-#   benchmarks/gpu_check.sh [--wheels DIR] [--out DIR] [--work DIR] [--steps N] [--tiny]
+#   [PYTHON=python3] benchmarks/gpu_check.sh [--wheels DIR] [--out DIR] [--work DIR] [--steps N] [--batch N]
+#                                            [--parts LIST] [--tiny]
 #     --wheels DIR  first install every wheel in DIR with pip --no-index --no-deps into a private folder (the
 #                   machine's own torch, transformers' deps etc. stay; bring pydantic, pydantic_core,
 #                   annotated_types, typing_inspection, typing_extensions, hjson, deepspeed, transformers)
 #     --out DIR     where the logs (one per part) and summary.txt go (default: ./gpu_check_out)
-#     --work DIR    data, models and checkpoints of the runs, emptied first (default: a new temp folder)
+#     --work DIR    data, models and checkpoints of the runs (default: a new temp folder); an existing folder
+#                   is emptied only if a previous gpu_check made it
 #     --steps N     pretrain steps in part 1 (default 200; 64 × 1024 tokens each)
 #     --batch N     blocks of 1024 tokens per step in every part (default 64)
 #     --parts LIST  comma-separated subset of pretrain,fsdp,deepspeed to run (default: all three)
@@ -23,7 +25,7 @@
 # Exit status: 0 when every part passed. Each part has its own time limit, so one hang cannot eat the rest.
 set -uo pipefail
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WHEELS="" OUT_DIR="$PWD/gpu_check_out" WORK="" STEPS=200 TINY=0 PARTS=pretrain,fsdp,deepspeed BATCH=64
 while (($#)); do
@@ -47,7 +49,14 @@ wants() { [[ ,$PARTS, == *",$1,"* ]]; }
 [[ $STEPS =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: --steps must be a positive integer, got '$STEPS'" >&2; exit 2; }
 PY=${PYTHON:-python3}
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
-if [[ -n $WORK ]]; then rm -rf "$WORK" && mkdir -p "$WORK"; else WORK=$(mktemp -d -t llmpipe-gpu-check.XXXXXX); fi
+if [[ -z $WORK ]]; then
+  WORK=$(mktemp -d -t llmpipe-gpu-check.XXXXXX)
+elif [[ -d $WORK && -n $(ls -A "$WORK") && ! -e $WORK/.gpu_check ]]; then
+  echo "gpu_check.sh: --work $WORK is not empty and was not made by gpu_check; give a new or empty folder" >&2; exit 2
+else
+  rm -rf "$WORK" && mkdir -p "$WORK"
+fi
+touch "$WORK/.gpu_check"
 SUMMARY="$OUT_DIR/summary.txt"
 : >"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
@@ -118,12 +127,13 @@ elif part pretrain_compiled "$LIMIT_S" "$PY" -m llmpipe.cli --task pretrain; the
   "$PY" - <<'EOF' 2>&1 | tee -a "$SUMMARY"
 import csv, json, statistics
 rows = [r for r in csv.DictReader(open("logs/pretrain/train.csv")) if r.get("tokens_per_s")]
-steady = rows[2:] or rows  # the first logged windows hold compilation and warm-up
+steady = rows[2:] or rows[-1:]  # the first logged windows hold compilation and warm-up
 m = json.load(open("metrics/pretrain.json"))
 tps = statistics.median(float(r["tokens_per_s"]) for r in steady)
 mfu = [float(r["mfu"]) for r in steady if r.get("mfu")]
 print(f"pretrain: {m['num_parameters'] / 1e6:.1f} M parameters, {m['steps']} steps, {m['wall_time_s']:.0f} s wall")
-print(f"pretrain steady state (median of {len(steady)} log windows after the first 2): {tps:,.0f} tokens/s"
+what = f"median of {len(steady)} log windows after the first 2" if rows[2:] else "last log window, warm-up included"
+print(f"pretrain steady state ({what}): {tps:,.0f} tokens/s"
       + (f", MFU {statistics.median(mfu):.1%}" if mfu else ", MFU not logged (no known peak for this device)")
       + f"; peak memory {m.get('peak_memory_gb', float('nan')):.1f} GB; final loss {float(rows[-1]['loss']):.3f}")
 EOF

@@ -588,7 +588,8 @@ def _format_errors(err: ValidationError, source: str, origin: dict[str, str]) ->
             lines.append(f"  {key}: unknown key{hint}")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            got = f" (got {e.get('input')!r})" if loc else ""  # a cross-section rule's input is the whole file
+            # a cross-field rule's input is its whole section (or file): its message names the values itself
+            got = f" (got {e.get('input')!r})" if loc and not isinstance(e.get("input"), dict) else ""
             lines.append(f"  {key or '<top level>'}: {msg}{got}")
     return f"{source}: invalid params:\n" + "\n".join(dict.fromkeys(lines))
 

@@ -108,7 +108,8 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
         "dataloader_num_workers": t.dataloader_num_workers,
         "activation_checkpointing": params.distributed.gradient_checkpointing,
         "torch_compile": params.distributed.torch_compile,
-        "torch_compile_mode": params.distributed.torch_compile_mode,
+        # transformers turns torch_compile on whenever a mode is given, so the mode goes only with compile on.
+        "torch_compile_mode": params.distributed.torch_compile_mode if params.distributed.torch_compile else None,
         "ddp_find_unused_parameters": False,  # every parameter of our models gets a gradient each step
         "use_cpu": not torch.cuda.is_available(),
         "include_num_input_tokens_seen": True,

@@ -74,15 +74,16 @@ def preflight(params, task: str) -> int:
     n = local_world_size(dist)
     if task in ONE_PROCESS_TASKS and needs_launch(dist):
         raise UserError(
-            f"{task} runs in one process ({ONE_PROCESS_TASKS[task]}): set distributed.strategy: none and "
-            f"num_processes: 1 for this stage (e.g. dvc exp run -S distributed.strategy=none)"
+            f"{task} runs in one process ({ONE_PROCESS_TASKS[task]}): run it with distributed.strategy: none and "
+            "num_processes: 1 (e.g. dvc exp run -S distributed.strategy=none -S distributed.num_processes=1 "
+            f"{task}), or stop a multi-process experiment before it (dvc exp run … dpo)"
         )
     cuda = torch.cuda.is_available()
     if dist.strategy in ("fsdp", "deepspeed") and not cuda:
         raise UserError(
             f"distributed.strategy: {dist.strategy} needs CUDA GPUs and this machine has none (on CPU Accelerate "
-            "silently trains DDP for fsdp and fails inside DeepSpeed for deepspeed); use strategy: ddp with an int "
-            "num_processes on CPU, or none"
+            + ("silently trains DDP instead" if dist.strategy == "fsdp" else "fails inside DeepSpeed")
+            + "); use strategy: ddp with an int num_processes on CPU, or none"
         )
     if cuda and n > torch.cuda.device_count():
         raise UserError(

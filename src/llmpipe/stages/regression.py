@@ -4,11 +4,8 @@ A small MLP is fitted to ``y = X·w + ε`` (ε ~ N(0, noise_std²)) with Adam. T
 noise floor: a mean squared error of ``noise_std²``. The run reports what it ran on (world size, Accelerate's
 distributed type, device), how close the held-out loss came to the floor, and whether every rank ended with
 the same parameters: DDP all-reduces the gradients, so ranks that disagree mean a broken launch or
-collective. It runs in one process, or under a launcher, e.g. on a CPU machine
-
-    accelerate launch --multi_gpu --num_processes 2 -m llmpipe.cli --task regression
-
-(`--multi_gpu` with `Accelerator(cpu=True)` gives two ranks over gloo; `--cpu` would start only one).
+collective. It runs as ``distributed:`` says: one process, or (``strategy: ddp, num_processes: 2``)
+re-launched by the CLI under `accelerate launch` on two ranks, over gloo on a CPU machine.
 It is a hand-run task: no DVC stage runs it.
 """
 
@@ -23,6 +20,7 @@ from torch import Tensor, nn
 from llmpipe.config import Params, RegressionParams
 from llmpipe.distributed.agreement import ranks_agree
 from llmpipe.distributed.launch import check_world
+from llmpipe.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +91,7 @@ def run(params: Params) -> dict[str, Any]:
     # scheduler once per rank on each step.
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     if len(loader) == 0:
-        raise ValueError(
+        raise UserError(
             f"regression.num_samples ({cfg.num_samples}) gives no full batch of regression.per_device_batch_size "
             f"({cfg.per_device_batch_size}) per rank on {accelerator.num_processes} ranks; raise num_samples"
         )
