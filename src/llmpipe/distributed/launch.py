@@ -236,9 +236,7 @@ def check_world(params, accelerator) -> dict[str, Any]:
     """
     dist = params.distributed
     expected = dist.world_size if dist.world_size is not None else accelerator.num_processes
-    got_type = accelerator.distributed_type.name if hasattr(accelerator.distributed_type, "name") else str(
-        accelerator.distributed_type
-    )
+    got_type = accelerator.distributed_type.name
     if dist.strategy == "ddp" and expected == 1:
         allowed: tuple[str, ...] = ("NO",)
     else:
