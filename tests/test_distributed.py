@@ -99,7 +99,7 @@ def test_cross_field_rules():
 
 
 def test_fingerprint_is_the_same_on_every_machine_of_a_multinode_run(workdir):
-    from llmpipe.training import fingerprint
+    from llmpipe.checkpoints import fingerprint
 
     inputs = [workdir / "data" / "pretrain"]
     node = {"strategy": "ddp", "num_processes": 2, "num_machines": 2, "main_process_ip": "10.0.0.1"}

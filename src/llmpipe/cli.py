@@ -32,6 +32,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, help="stage to run (see below)")
     p.add_argument("--config-path", default="params.yaml", help="params file (default: params.yaml)")
     p.add_argument("--model", help="evaluate: which model under paths.models to evaluate")
+    resume = p.add_argument_group("checkpoints (training tasks; by default a run resumes its newest whole checkpoint)")
+    resume.add_argument("--resume-from", metavar="PATH",
+                        help="resume this checkpoint-<step> folder (or a run folder's newest); it must be of the "
+                             "same params and inputs, else the error names what differs")  # fmt: skip
+    resume.add_argument("--restart", action="store_true",
+                        help="train from step 0; the run's earlier checkpoints are moved aside, not deleted")
+    resume.add_argument("--list-checkpoints", action="store_true",
+                        help="list the task's run folders and checkpoints, and how each differs from params.yaml")
     hand = p.add_argument_group("hand-run overrides (output goes to runs/<task>-<time>/ or --output-dir)")
     hand.add_argument("--epochs", type=float, help="num_train_epochs of the stage")
     hand.add_argument("--batch-size", type=int, help="per_device_train_batch_size of the stage")
@@ -92,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    from llmpipe.checkpoints import ResumeRequest, describe_runs
     from llmpipe.config import load_params
     from llmpipe.distributed.launch import is_main_process, needs_launch, relaunch, under_launcher
     from llmpipe.io import write_json
@@ -114,6 +123,15 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             raise
         raise UserError(f"{err}\n  (these values came from the command line: {overrides})") from None
     kwargs: dict[str, Any] = {}
+    if args.resume_from or args.restart or args.list_checkpoints:
+        if task not in stages.TRAINING_TASKS:
+            raise UserError(f"--resume-from, --restart and --list-checkpoints apply to {stages.TRAINING_TASKS}, not {task}")
+        if args.resume_from and args.restart:
+            raise UserError("--resume-from and --restart contradict each other: give one")
+        if args.list_checkpoints:
+            print(describe_runs(params, task, stages.module(task).inputs(params)))
+            return 0
+        kwargs["resume"] = ResumeRequest(Path(args.resume_from) if args.resume_from else None, args.restart)
     if task == "evaluate":
         if not args.model:
             raise UserError(f"--task evaluate needs --model NAME (one of eval.models: {params.eval.models})")

@@ -1,6 +1,6 @@
-"""What every training stage shares: params → `TrainingArguments` (one mapping), the checkpoint
-fingerprint and folder, resume, per-step logs (CSV for `dvc plots`, TensorBoard), and the atomic save
-of the final model.
+"""What every training stage shares: params → `TrainingArguments` (one mapping), resume (the run folder and
+checkpoint come from `llmpipe.checkpoints`), the ledger of batches, per-step logs (CSV for `dvc plots`,
+TensorBoard), and the atomic save of the final model.
 
 Training runs on the Hugging Face `Trainer` (TRL's trainers subclass it): it sits on Accelerate, so one
 CPU process, DDP, FSDP and DeepSpeed are the same code, and it checkpoints model, optimizer, scheduler,
@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
 import logging
 import math
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from llmpipe.config import BUDGET_KEYS, Params, TrainParams
+from llmpipe.checkpoints import PREFIX, Run, rotate
+from llmpipe.config import Params, TrainParams
 from llmpipe.distributed.agreement import ranks_agree
 from llmpipe.distributed.launch import check_world, is_main_process
-from llmpipe.distributed.params import LAUNCH_KEYS
 from llmpipe.errors import UserError
 from llmpipe.io import atomic_file
 from llmpipe.modeling import count_parameters, save_model
@@ -65,6 +66,12 @@ def resolve_precision(precision: str) -> tuple[bool, bool]:
     return (precision == "bf16" or supported), False
 
 
+BEST_METRIC: dict[str | None, tuple[str, bool]] = {None: ("eval_loss", False), "grpo": ("eval_reward", True)}
+"""Per stage, the validation metric whose best checkpoint is kept besides the last `save_total_limit`, and whether
+higher is better (GRPO's loss is not a quality measure: its validation reward is; PPO, our own loop, keeps the
+best `eval_reward` the same way)."""
+
+
 def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, Any]:
     """The `TrainingArguments` keywords of a stage: the one place our params reach the HF Trainer.
 
@@ -104,7 +111,9 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
         "eval_steps": t.eval_steps,
         "save_strategy": "steps",
         "save_steps": t.save_steps,
-        "save_total_limit": t.save_total_limit,
+        "save_total_limit": None,  # RotateCheckpoints keeps t.save_total_limit plus the best
+        "metric_for_best_model": BEST_METRIC.get(stage, BEST_METRIC[None])[0],
+        "greater_is_better": BEST_METRIC.get(stage, BEST_METRIC[None])[1],
         "dataloader_num_workers": t.dataloader_num_workers,
         "activation_checkpointing": params.distributed.gradient_checkpointing,
         "torch_compile": params.distributed.torch_compile,
@@ -118,49 +127,109 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
     }
 
 
-def hash_paths(paths: list[Path]) -> str:
-    """SHA-256 over the relative names and bytes of every file under `paths` (files or folders), in order."""
-    h = hashlib.sha256()
-    for root in paths:
-        files = sorted(p for p in Path(root).rglob("*") if p.is_file()) if Path(root).is_dir() else [Path(root)]
-        for f in files:
-            h.update(str(f.relative_to(root) if f != Path(root) else f.name).encode())
-            h.update(hashlib.sha256(f.read_bytes()).digest())
-    return h.hexdigest()
+def batch_digest(inputs: Any, h: Any) -> None:
+    """Feed a canonical form of a training batch into hash `h`: tensor bytes (any shape or dtype), mapping keys
+    in sorted order, sequences in order, and the repr of anything else (GRPO's batches are lists of prompt rows)."""
+    import torch
+
+    if isinstance(inputs, torch.Tensor):
+        h.update(str(inputs.dtype).encode())
+        h.update(inputs.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(inputs, dict):
+        for key in sorted(inputs):
+            h.update(str(key).encode())
+            batch_digest(inputs[key], h)
+    elif isinstance(inputs, (list, tuple)):
+        for item in inputs:
+            batch_digest(item, h)
+    else:
+        h.update(repr(inputs).encode())
 
 
-def fingerprint(params: Params, stage: str, inputs: list[Path]) -> str:
-    """Identity of a training run: its params (step/epoch budgets excluded) and the bytes of its inputs.
+class BatchLedger(TrainerCallback):
+    """The ledger of what each optimizer step trained on: per step, a SHA-256 digest (16 hex) over its
+    micro-batches as the Trainer passed them to `training_step`.
 
-    Two runs with the same fingerprint are the same run, so the second may resume the first's checkpoint;
-    raising only `max_steps`/`num_train_epochs` keeps the fingerprint and continues training. The inputs
-    (data, tokenizer, base model) carry everything upstream, so upstream params need not be listed.
-
-    Returns:
-        16 hex characters.
+    It proves a resumed run trained on exactly the batches of an uninterrupted one: the rows ride in the
+    checkpoint's trainer state (``stateful_callbacks["BatchLedger"]``), so a resumed run's ledger covers the
+    whole run; `train_stage` writes it to ``logs/<stage>/batches.csv``. Install with :meth:`attach`.
     """
-    relevant = {
-        "stage": stage,
-        "stage_params": {k: v for k, v in params.stage(stage).model_dump().items() if k not in BUDGET_KEYS},
-        "model": params.model.model_dump() if stage == "pretrain" else None,
-        "distributed": params.distributed.model_dump(exclude=set(LAUNCH_KEYS)),
-        "profile": params.profile.model_dump() if params.profile.enabled else None,  # None keeps old fingerprints
-        "inputs": hash_paths(inputs),
-    }
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+    KEY = "BatchLedger"
+
+    def __init__(self) -> None:
+        self.rows: list[list[Any]] = []
+        self._pending = hashlib.sha256()
+
+    def attach(self, trainer) -> None:
+        """Wrap `trainer.training_step` (every HF/TRL trainer's per-micro-batch entry) and add this callback."""
+        step = trainer.training_step
+
+        def recorded(model, inputs, *args, **kwargs):
+            batch_digest(inputs, self._pending)
+            return step(model, inputs, *args, **kwargs)
+
+        trainer.training_step = recorded
+        trainer.add_callback(self)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        stored = state.stateful_callbacks.get(self.KEY) or {}
+        self.rows = [r for r in stored.get("rows", []) if r[0] <= state.global_step]
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.rows.append([state.global_step, self._pending.hexdigest()[:16]])
+        self._pending = hashlib.sha256()
+        state.stateful_callbacks[self.KEY] = {"rows": self.rows}  # saved with the next checkpoint
 
 
-def checkpoint_dir(params: Params, stage: str, inputs: list[Path]) -> Path:
-    """``checkpoints/<stage>/<fingerprint>/`` under the output root."""
-    return params.paths.out(params.paths.checkpoints, stage, fingerprint(params, stage, inputs))
+def write_ledger(rows: list[list[Any]], log_dir: Path) -> None:
+    """``batches.csv``: one row per optimizer step, ``step,sha``."""
+    with atomic_file(log_dir / "batches.csv") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["step", "sha"])
+        writer.writerows(rows)
 
 
-def last_checkpoint(run_dir: Path) -> Path | None:
-    """The newest `checkpoint-<step>` in `run_dir` that holds a complete trainer state, or None."""
-    if not run_dir.is_dir():
-        return None
-    done = [p for p in run_dir.glob("checkpoint-*") if (p / "trainer_state.json").exists() and p.name[11:].isdigit()]
-    return max(done, key=lambda p: int(p.name[11:]), default=None)
+KILL_AT_STEP_ENV = "LLMPIPE_KILL_AT_STEP"
+"""Fault injection for the resume tests: when set to N, a training process SIGKILLs itself right after optimizer
+step N (a crash at a chosen step, which a kill from outside cannot time on millisecond steps)."""
+
+
+def kill_at_step() -> int | None:
+    """The step named by :data:`KILL_AT_STEP_ENV`, or None."""
+    value = os.environ.get(KILL_AT_STEP_ENV)
+    return int(value) if value else None
+
+
+def maybe_kill(step: int, at: int | None) -> None:
+    """SIGKILL this process if `step` is the fault-injection step `at`."""
+    if at is not None and step == at:
+        log.warning("%s=%d: killing this process with SIGKILL", KILL_AT_STEP_ENV, at)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillAtStep(TrainerCallback):
+    """Trainer callback for :data:`KILL_AT_STEP_ENV`: the kill comes after the step's optimizer update, before
+    any save at that step."""
+
+    def __init__(self, at: int) -> None:
+        self._at = at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        maybe_kill(state.global_step, self._at)
+
+
+class RotateCheckpoints(TrainerCallback):
+    """After each save, keep the newest `keep` checkpoints plus the best by validation (`checkpoints.rotate`);
+    the HF Trainer's own rotation would count the best inside the limit."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            run_dir = Path(args.output_dir)
+            rotate(run_dir, self._keep, [run_dir / f"{PREFIX}{state.global_step}", state.best_model_checkpoint])
 
 
 class FirstStepLog(TrainerCallback):
@@ -199,12 +268,15 @@ def tensorboard_callback(log_dir: Path):
     """A TensorBoard callback writing events to ``log_dir`` (transformers 5 no longer takes a logging_dir).
 
     Only global rank 0 opens a writer (the callback itself logs on rank 0 only), so other ranks leave no
-    empty event files in the DVC output.
+    empty event files in the DVC output. The callback closes its writer at the end of training and opens a new
+    one for the final evaluation's scalars, in `log_dir` too (by default it would be under the checkpoints).
     """
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
 
-    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)) if is_main_process() else None)
+    callback = TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)) if is_main_process() else None)
+    callback.logging_dir = str(log_dir)  # where it reopens a writer after training (the final evaluation's scalars)
+    return callback
 
 
 def consolidated_save(trainer, tokenizer, final: Path) -> None:
@@ -220,10 +292,11 @@ def consolidated_save(trainer, tokenizer, final: Path) -> None:
         save_model(acc.unwrap_model(trainer.model), tokenizer, final, state_dict=state_dict)
 
 
-def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -> dict[str, float]:
-    """Train (resuming the newest complete checkpoint in `run_dir`), save the final model, return metrics.
+def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dict[str, float]:
+    """Train (resuming `run.resume` when set), save the final model, return metrics.
 
-    The final model goes to ``models/<stage>`` atomically; the per-step logs to ``logs/<stage>/``.
+    The final model goes to ``models/<stage>`` atomically, before the final evaluation (a crash there loses no
+    weights); the per-step logs and the batch ledger to ``logs/<stage>/``.
 
     Returns:
         ``train_loss`` (mean over the run), ``eval_loss`` (final validation), ``steps``, ``tokens_per_s``
@@ -236,14 +309,17 @@ def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -
         trainer.add_callback(ProfilerCallback(params.profile, params.paths.out(params.paths.logs, stage, "profile")))
     world = check_world(params, trainer.accelerator)
     num_parameters = count_parameters(trainer.model)  # before sharding wraps it
-    resume = last_checkpoint(run_dir)
-    resumed_step = int(resume.name[11:]) if resume else 0
-    if resume:
-        log.info("%s: resuming from %s (step %d)", stage, resume, resumed_step)
+    if run.resume:
+        log.info("%s: resuming from %s (step %d)", stage, run.resume, run.resumed_step)
     else:
-        log.info("%s: fresh run in %s", stage, run_dir)
+        log.info("%s: fresh run in %s", stage, run.path)
+    ledger = BatchLedger()
+    ledger.attach(trainer)
+    trainer.add_callback(RotateCheckpoints(params.stage(stage).save_total_limit))
     trainer.add_callback(FirstStepLog(stage))
-    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if (at := kill_at_step()) is not None:
+        trainer.add_callback(KillAtStep(at))
+    result = trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
     consolidated_save(trainer, tokenizer, params.paths.out(params.paths.models, stage))  # before evaluating
     if params.distributed.strategy == "ddp" and world["world_size"] > 1:
         agree, diff = ranks_agree(trainer.accelerator, trainer.model)
@@ -253,6 +329,7 @@ def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -
     final_eval = trainer.evaluate()
     if trainer.is_world_process_zero():
         write_plots(trainer.state.log_history, params.paths.out(params.paths.logs, stage))
+        write_ledger(ledger.rows, params.paths.out(params.paths.logs, stage))
     rates = [r["tokens_per_s"] for r in trainer.state.log_history if "tokens_per_s" in r]
     mfus = [r["mfu"] for r in trainer.state.log_history if "mfu" in r]
     eval_loss = final_eval.get("eval_loss", math.nan)
@@ -263,7 +340,7 @@ def train_stage(trainer, params: Params, stage: str, run_dir: Path, tokenizer) -
         "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else 0.0,
         "peak_memory_gb": round(peak_memory_gb(trainer.args.device), 4),
         **({"mfu": round(sum(mfus) / len(mfus), 5)} if mfus else {}),
-        "resumed_from_step": resumed_step,
+        "resumed_from_step": run.resumed_step,
         "num_parameters": num_parameters,
         **world,
     }

@@ -1,4 +1,5 @@
-"""The stage registry: task name → module `llmpipe.stages.<name>` exposing ``run(params, **kwargs)``.
+"""The stage registry: task name → module `llmpipe.stages.<name>` exposing ``run(params, **kwargs)`` (training
+stages also ``inputs(params)``, the paths their checkpoint fingerprint hashes).
 
 Modules are imported only when their task runs, so `llm-train --help` stays fast.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from types import ModuleType
 
 TASKS: dict[str, str] = {
     "prepare": "Build train/validation/test datasets (pretraining text, SFT pairs, preference pairs, eval sets).",
@@ -47,6 +49,11 @@ def resolve(task: str) -> str:
     return task
 
 
+def module(task: str) -> ModuleType:
+    """The module of `task`."""
+    return importlib.import_module(f"llmpipe.stages.{resolve(task)}")
+
+
 def runner(task: str) -> Callable[..., dict[str, float]]:
     """The ``run`` function of `task`."""
-    return importlib.import_module(f"llmpipe.stages.{resolve(task)}").run
+    return module(task).run

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
 from llmpipe.modeling import load_model, load_tokenizer
-from llmpipe.training import checkpoint_dir, tensorboard_callback, train_stage, training_kwargs
+from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
 
 COLUMNS = ("prompt", "chosen", "rejected")
 
@@ -29,26 +30,35 @@ def dpo_config(params: Params, run_dir: Path):
     )
 
 
-def run(params: Params) -> dict[str, float]:
-    """Preference-tune models/sft on data/preference; save models/dpo. Returns losses, reward accuracy, steps."""
+def inputs(params: Params) -> list[Path]:
+    """What the run reads (its checkpoint fingerprint hashes them): the preference data, models/sft, the tokenizer."""
+    return [Path(params.paths.data, "preference"), Path(params.paths.models, "sft"), Path(params.paths.tokenizer)]
+
+
+def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]:
+    """Preference-tune models/sft on data/preference; save models/dpo. Returns losses, reward accuracy, steps.
+
+    Args:
+        params: Validated params.
+        resume: The command line's resume choices (`llmpipe.checkpoints.open_run`).
+    """
     from trl import DPOTrainer
 
     cfg = params.dpo
-    data = Path(params.paths.data, "preference")
-    base = Path(params.paths.models, "sft")
+    data, base, _ = inputs(params)
     tokenizer = load_tokenizer(params.paths.tokenizer)
     missing = "run the sft stage first (dvc repro sft)"
-    run_dir = checkpoint_dir(params, "dpo", [data, base, Path(params.paths.tokenizer)])
+    run = open_run(params, "dpo", inputs(params), resume)
     trainer = DPOTrainer(
         model=load_model(base, missing),
         ref_model=load_model(base, missing),
-        args=dpo_config(params, run_dir),
+        args=dpo_config(params, run.path),
         train_dataset=load_split(data / "train.jsonl", COLUMNS, cfg.num_samples),
         eval_dataset=load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples),
         processing_class=tokenizer,
         callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "dpo", "tensorboard"))],
     )
-    metrics = train_stage(trainer, params, "dpo", run_dir, tokenizer)
+    metrics = train_stage(trainer, params, "dpo", run, tokenizer)
     final = [r for r in trainer.state.log_history if "eval_rewards/accuracies" in r]
     if final:
         metrics["eval_reward_accuracy"] = round(float(final[-1]["eval_rewards/accuracies"]), 4)

@@ -16,11 +16,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
 from llmpipe.modeling import load_model, load_tokenizer
 from llmpipe.rewards import trl_reward_functions
-from llmpipe.training import checkpoint_dir, tensorboard_callback, train_stage, training_kwargs
+from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +143,15 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
     return {k: round(v, 5) for k, v in metrics.items() if math.isfinite(v)}  # DVC metrics must be numbers
 
 
-def run(params: Params) -> dict[str, float]:
+def inputs(params: Params) -> list[Path]:
+    """What the run reads (its checkpoint fingerprint hashes them): the SFT prompts, the policy model, the tokenizer."""
+    return [Path(params.paths.data, "sft"), Path(params.paths.models, params.grpo.policy), Path(params.paths.tokenizer)]
+
+
+def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]:
     """Train models/<grpo.policy> with GRPO on the SFT prompts; save models/grpo.
+
+    `resume` carries the command line's resume choices (`llmpipe.checkpoints.open_run`).
 
     Returns:
         The metrics of :func:`llmpipe.training.train_stage`, those of :func:`rl_metrics`, and ``eval_reward``
@@ -155,21 +163,20 @@ def run(params: Params) -> dict[str, float]:
     from trl import GRPOTrainer
 
     cfg = params.grpo
-    data = Path(params.paths.data, "sft")
-    base = Path(params.paths.models, cfg.policy)
+    data, base, _ = inputs(params)
     tokenizer = load_tokenizer(params.paths.tokenizer)
-    run_dir = checkpoint_dir(params, "grpo", [data, base, Path(params.paths.tokenizer)])
+    run = open_run(params, "grpo", inputs(params), resume)
     reward_funcs, _ = trl_reward_functions(cfg.rewards)  # weights reach TRL through grpo_config
     trainer = GRPOTrainer(
         model=load_model(base, f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"),
         reward_funcs=reward_funcs,
-        args=grpo_config(params, run_dir),
+        args=grpo_config(params, run.path),
         train_dataset=load_prompts(data / "train.jsonl", tokenizer, cfg.max_length, cfg.num_samples),
         eval_dataset=load_prompts(data / "validation.jsonl", tokenizer, cfg.max_length, cfg.max_eval_samples),
         processing_class=tokenizer,
         callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "grpo", "tensorboard"))],
     )
-    metrics = train_stage(trainer, params, "grpo", run_dir, tokenizer)
+    metrics = train_stage(trainer, params, "grpo", run, tokenizer)
     metrics.update(rl_metrics(trainer.state.log_history))
     final = [r for r in trainer.state.log_history if "eval_reward" in r]
     if final:

@@ -23,10 +23,10 @@ log records); a restarted run resumes the newest and sees exactly the prompts an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from llmpipe.checkpoints import PREFIX, ResumeRequest, open_run, rotate
 from llmpipe.config import Params, PPOParams
 from llmpipe.data.loading import load_split
 from llmpipe.distributed.launch import check_world
@@ -58,7 +59,15 @@ from llmpipe.rl.ppo import (
 )
 from llmpipe.stages.pretrain import pack
 from llmpipe.throughput import peak_memory_gb, reset_peak_memory
-from llmpipe.training import checkpoint_dir, last_checkpoint, resolve_precision, training_kwargs, write_plots
+from llmpipe.training import (
+    batch_digest,
+    kill_at_step,
+    maybe_kill,
+    resolve_precision,
+    training_kwargs,
+    write_ledger,
+    write_plots,
+)
 
 log = logging.getLogger(__name__)
 
@@ -410,11 +419,15 @@ class PPORun:
         return stats
 
     def step(self) -> dict[str, Any]:
-        """One PPO iteration on the next prompts; returns its statistics and prompt indices."""
+        """One PPO iteration on the next prompts; returns its statistics, prompt indices and ``sha`` (16 hex of
+        SHA-256 over the prompts' token ids: the batch ledger's row)."""
         indices = self.stream.take(self.rollout_batch_size)
         data, stats = self.rollout(indices)
         stats.update(self.update(data))
         stats["prompts"] = indices
+        digest = hashlib.sha256()
+        batch_digest([self.train.ids[i] for i in indices], digest)
+        stats["sha"] = digest.hexdigest()[:16]
         return stats
 
     @torch.no_grad()
@@ -474,13 +487,14 @@ def _window_record(history: list[dict[str, Any]], step: int, steps_per_epoch: fl
 
 
 def _save_checkpoint(run: PPORun, run_dir: Path, state: dict[str, Any], keep: int) -> None:
+    """Write ``checkpoint-<step>`` through a temp folder and a rename; keep the last `keep` checkpoints and the
+    one of the best validation reward so far (``state["best_step"]``)."""
     path = run_dir / f"checkpoint-{state['step']}"
     with atomic_dir(path) as tmp:
         run.accelerator.save_state(str(tmp))
         write_json(tmp / "trainer_state.json", state)
-    done = sorted((p for p in run_dir.glob("checkpoint-*") if p.name[11:].isdigit()), key=lambda p: int(p.name[11:]))
-    for old in done[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    best = state.get("best_step")
+    rotate(run_dir, keep, [path, run_dir / f"{PREFIX}{best}" if best else None])
 
 
 def _summary(history: list[dict[str, Any]], rollout_batch_size: int) -> dict[str, float]:
@@ -557,9 +571,11 @@ def _train(
     after every PPO step."""
     cfg = run.cfg
     steps_per_epoch = len(run.train.ids) / run.rollout_batch_size
+    kill_at = kill_at_step()
     while state["step"] < total_steps:
         state["history"].append(run.step())
         state["step"] += 1
+        maybe_kill(state["step"], kill_at)
         if profiler is not None:
             profiler.step()
         step = state["step"]
@@ -570,6 +586,8 @@ def _train(
             records.append({**record, "peak_memory_gb": round(peak_memory_gb(run.accelerator.device), 4)})
         if step % cfg.eval_steps == 0 or step == total_steps:
             records.append({"step": step, "epoch": round(step / steps_per_epoch, 4), **run.evaluate()})
+            if records[-1]["eval_reward"] > state.get("best_eval_reward", -math.inf):
+                state["best_step"], state["best_eval_reward"] = step, records[-1]["eval_reward"]
         for record in records:
             state["log_history"].append(record)
             values = {k: v for k, v in record.items() if k not in ("step", "epoch")}
@@ -580,8 +598,19 @@ def _train(
             _save_checkpoint(run, run_dir, state, cfg.save_total_limit)
 
 
-def run(params: Params) -> dict[str, float]:
+def inputs(params: Params) -> list[Path]:
+    """What the run reads (its checkpoint fingerprint hashes them): the SFT prompts, the tokenizer, the policy
+    model, the reward model, and the pretraining text when `ptx_coef` mixes it in."""
+    paths = params.paths
+    found = [Path(paths.data, "sft"), Path(paths.tokenizer), Path(paths.models, params.ppo.policy),
+             Path(paths.models, "reward")]  # fmt: skip
+    return [*found, Path(paths.data, "pretrain")] if params.ppo.ptx_coef > 0 else found
+
+
+def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]:
     """PPO-train models/<policy> against models/reward and/or reward functions; save models/ppo.
+
+    `resume` carries the command line's resume choices (`llmpipe.checkpoints.open_run`).
 
     Returns:
         ``reward_first``/``reward_last`` (mean raw score over the first/last 10% of steps) with their standard
@@ -605,20 +634,16 @@ def run(params: Params) -> dict[str, float]:
     budget = cfg.max_length - cfg.generation.max_new_tokens
     train = load_prompts(data / "train.jsonl", tokenizer, budget, cfg.num_samples)
     valid = load_prompts(data / "validation.jsonl", tokenizer, budget, cfg.max_eval_samples)
-    inputs = [data, Path(paths.tokenizer), Path(paths.models, cfg.policy), Path(paths.models, "reward")]
-    if cfg.ptx_coef > 0:
-        inputs.append(Path(paths.data, "pretrain"))
-    run_dir = checkpoint_dir(params, "ppo", inputs)
-    ppo, total_steps = _build(params, tokenizer, train, valid, run_dir)
+    run = open_run(params, "ppo", inputs(params), resume)
+    ppo, total_steps = _build(params, tokenizer, train, valid, run.path)
 
     state: dict[str, Any] = {"step": 0, "history": [], "log_history": []}
-    resume = last_checkpoint(run_dir)
-    if resume:
-        ppo.accelerator.load_state(str(resume))
-        state = json.loads((resume / "trainer_state.json").read_text())
-        log.info("ppo: resuming from %s (step %d)", resume, state["step"])
+    if run.resume:
+        ppo.accelerator.load_state(str(run.resume))
+        state = json.loads((run.resume / "trainer_state.json").read_text())
+        log.info("ppo: resuming from %s (step %d)", run.resume, state["step"])
     else:
-        log.info("ppo: fresh run in %s", run_dir)
+        log.info("ppo: fresh run in %s", run.path)
     resumed_step = state["step"]
     log.info("ppo: %d steps of %d prompts, %.2f M policy parameters", total_steps, ppo.rollout_batch_size,
              count_parameters(ppo.policy) / 1e6)  # fmt: skip
@@ -627,13 +652,14 @@ def run(params: Params) -> dict[str, float]:
     profiler = StepProfiler(params.profile, paths.out(paths.logs, "ppo", "profile")) if params.profile.enabled else None
     if profiler is not None:
         profiler.start()
-    _train(ppo, state, total_steps, run_dir, tensorboard, profiler)
+    _train(ppo, state, total_steps, run.path, tensorboard, profiler)
     if profiler is not None:
         profiler.stop()
     tensorboard.close()
 
     save_model(ppo.accelerator.unwrap_model(ppo.policy), tokenizer, paths.out(paths.models, "ppo"))
     write_plots(state["log_history"], paths.out(paths.logs, "ppo"))
+    write_ledger([[i + 1, h["sha"]] for i, h in enumerate(state["history"])], paths.out(paths.logs, "ppo"))
     evals = [r for r in state["log_history"] if "eval_reward" in r]
     rates = [r["tokens_per_s"] for r in state["log_history"] if "tokens_per_s" in r]
     return {

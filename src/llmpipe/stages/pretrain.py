@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
 from llmpipe.errors import UserError
 from llmpipe.io import read_jsonl
 from llmpipe.modeling import build_model, count_parameters, load_tokenizer
-from llmpipe.training import checkpoint_dir, tensorboard_callback, train_stage, training_kwargs
+from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +105,18 @@ def make_trainer(params: Params, model, train: PackedBlocks, valid: PackedBlocks
     )
 
 
-def run(params: Params) -> dict[str, float]:
-    """Pretrain from random init; save models/pretrain. Returns losses, steps, tokens/s (see `train_stage`)."""
+def inputs(params: Params) -> list[Path]:
+    """What the run reads (its checkpoint fingerprint hashes them, with the model shape): the text, the tokenizer."""
+    return [Path(params.paths.data, "pretrain"), Path(params.paths.tokenizer)]
+
+
+def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]:
+    """Pretrain from random init; save models/pretrain. Returns losses, steps, tokens/s (see `train_stage`).
+
+    `resume` carries the command line's resume choices (`llmpipe.checkpoints.open_run`).
+    """
     cfg = params.pretrain
-    data = Path(params.paths.data, "pretrain")
+    data, _ = inputs(params)
     tokenizer = load_tokenizer(params.paths.tokenizer)
     if cfg.max_length > params.model.max_position_embeddings:
         raise UserError(
@@ -117,9 +126,9 @@ def run(params: Params) -> dict[str, float]:
     train = pack(data / "train.jsonl", tokenizer, cfg.max_length, cfg.num_samples)
     valid = pack(data / "validation.jsonl", tokenizer, cfg.max_length, cfg.max_eval_samples)
     log.info("pretrain: %d train blocks, %d validation blocks of %d tokens", len(train), len(valid), cfg.max_length)
-    run_dir = checkpoint_dir(params, "pretrain", [data, Path(params.paths.tokenizer)])
+    run = open_run(params, "pretrain", inputs(params), resume)
     model = build_model(params.model, tokenizer)
     log.info("pretrain: %.2f M parameters", count_parameters(model) / 1e6)
     tensorboard = tensorboard_callback(params.paths.out(params.paths.logs, "pretrain", "tensorboard"))
-    trainer = make_trainer(params, model, train, valid, run_dir, [tensorboard])
-    return train_stage(trainer, params, "pretrain", run_dir, tokenizer)
+    trainer = make_trainer(params, model, train, valid, run.path, [tensorboard])
+    return train_stage(trainer, params, "pretrain", run, tokenizer)

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
 from llmpipe.modeling import load_model, load_tokenizer
-from llmpipe.training import checkpoint_dir, tensorboard_callback, train_stage, training_kwargs
+from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
 
 COLUMNS = ("prompt", "chosen", "rejected")
 
@@ -99,8 +100,15 @@ def pairwise_metrics(model, tokenizer, pairs, batch_size: int) -> dict[str, floa
     return metrics
 
 
-def run(params: Params) -> dict[str, float]:
+def inputs(params: Params) -> list[Path]:
+    """What the run reads (its checkpoint fingerprint hashes them): the preference data, models/sft, the tokenizer."""
+    return [Path(params.paths.data, "preference"), Path(params.paths.models, "sft"), Path(params.paths.tokenizer)]
+
+
+def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]:
     """Train a reward model from models/sft on data/preference; save models/reward; score the test pairs.
+
+    `resume` carries the command line's resume choices (`llmpipe.checkpoints.open_run`).
 
     A ``margin`` column in the preference data is passed to the loss when the first row has one.
 
@@ -116,20 +124,19 @@ def run(params: Params) -> dict[str, float]:
     from trl import RewardTrainer
 
     cfg = params.reward
-    data = Path(params.paths.data, "preference")
-    base = Path(params.paths.models, "sft")
+    data, base, _ = inputs(params)
     tokenizer = load_tokenizer(params.paths.tokenizer)
-    run_dir = checkpoint_dir(params, "reward", [data, base, Path(params.paths.tokenizer)])
+    run = open_run(params, "reward", inputs(params), resume)
     set_seed(cfg.seed)  # the score head is initialised at load
     trainer = RewardTrainer(
         model=load_model(base, "run the sft stage first (dvc repro sft)", num_labels=1),
-        args=reward_config(params, run_dir),
+        args=reward_config(params, run.path),
         train_dataset=load_split(data / "train.jsonl", COLUMNS, cfg.num_samples, optional=("margin",)),
         eval_dataset=load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples, optional=("margin",)),
         processing_class=tokenizer,
         callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "reward", "tensorboard"))],
     )
-    metrics = train_stage(trainer, params, "reward", run_dir, tokenizer)
+    metrics = train_stage(trainer, params, "reward", run, tokenizer)
     trainer.accelerator.wait_for_everyone()  # rank 0 has saved the model
     saved = load_model(params.paths.out(params.paths.models, "reward"), "the reward stage did not save it", num_labels=1)
     test = load_split(data / "test.jsonl", COLUMNS, optional=("corruption",))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
 from llmpipe.modeling import load_model, load_tokenizer
-from llmpipe.training import checkpoint_dir, tensorboard_callback, train_stage, training_kwargs
+from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
 
 
 def sft_config(params: Params, run_dir: Path):
@@ -25,22 +26,32 @@ def sft_config(params: Params, run_dir: Path):
     )
 
 
-def run(params: Params) -> dict[str, float]:
-    """Fine-tune models/pretrain on data/sft; save models/sft. Returns losses, steps, tokens/s."""
+def inputs(params: Params) -> list[Path]:
+    """What the run reads (its checkpoint fingerprint hashes them): the SFT data, models/pretrain, the tokenizer."""
+    return [Path(params.paths.data, "sft"), Path(params.paths.models, "pretrain"), Path(params.paths.tokenizer)]
+
+
+def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]:
+    """Fine-tune models/pretrain on data/sft; save models/sft. Returns losses, steps, tokens/s (see `train_stage`).
+
+    Args:
+        params: Validated params.
+        resume: The command line's resume choices (`llmpipe.checkpoints.open_run`); None resumes the newest
+            whole checkpoint of the same run.
+    """
     from trl import SFTTrainer
 
     cfg = params.sft
-    data = Path(params.paths.data, "sft")
-    base = Path(params.paths.models, "pretrain")
+    data, base, _ = inputs(params)
     tokenizer = load_tokenizer(params.paths.tokenizer)
     model = load_model(base, "run the pretrain stage first (dvc repro pretrain)")
-    run_dir = checkpoint_dir(params, "sft", [data, base, Path(params.paths.tokenizer)])
+    run = open_run(params, "sft", inputs(params), resume)
     trainer = SFTTrainer(
         model=model,
-        args=sft_config(params, run_dir),
+        args=sft_config(params, run.path),
         train_dataset=load_split(data / "train.jsonl", ("messages",), cfg.num_samples),
         eval_dataset=load_split(data / "validation.jsonl", ("messages",), cfg.max_eval_samples),
         processing_class=tokenizer,
         callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "sft", "tensorboard"))],
     )
-    return train_stage(trainer, params, "sft", run_dir, tokenizer)
+    return train_stage(trainer, params, "sft", run, tokenizer)

@@ -1,0 +1,299 @@
+"""Training checkpoints: a run's folder ``checkpoints/<stage>/<fingerprint>/``, which checkpoint a run resumes,
+and the checks that a checkpoint is whole before it is trusted.
+
+A run's identity is its params (step/epoch budgets and launch positions excluded) and the bytes of its inputs;
+its fingerprint is a hash of that identity, and ``fingerprint.json`` in the run folder keeps the identity itself,
+so a refused resume can name the keys and inputs that differ.
+
+A checkpoint counts only when it is whole: its ``trainer_state.json`` exists (the HF Trainer writes it last, and
+our PPO loop renames a finished temp folder into place, so a kill during a save leaves no such file) and every
+weight and optimizer file matches the sizes its own format declares (a safetensors header, a torch zip archive's
+central directory). A truncated or damaged newest checkpoint is skipped with a warning naming it, and the
+previous one is resumed (the Trainer deletes older checkpoints only after a new one is whole, so there is one);
+training then writes the skipped step's folder anew. Nothing here deletes a checkpoint or a run folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import struct
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmpipe.config import BUDGET_KEYS, Params
+from llmpipe.distributed.launch import is_main_process
+from llmpipe.distributed.params import LAUNCH_KEYS
+from llmpipe.errors import UserError
+from llmpipe.io import write_json
+
+log = logging.getLogger(__name__)
+
+FINGERPRINT_FILE = "fingerprint.json"
+STATE_FILE = "trainer_state.json"
+PREFIX = "checkpoint-"
+
+
+def hash_paths(paths: list[Path]) -> str:
+    """SHA-256 over the relative names and bytes of every file under `paths` (files or folders), in order.
+
+    A missing path hashes as the word ``missing``, so an identity can still be compared (and listed).
+    """
+    h = hashlib.sha256()
+    for root in map(Path, paths):
+        if not root.exists():
+            h.update(b"missing")
+            continue
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        for f in files:
+            h.update(str(f.relative_to(root) if f != root else f.name).encode())
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}", v, out)
+    else:
+        out[prefix] = value
+
+
+def identity(params: Params, stage: str, inputs: list[Path]) -> dict[str, Any]:
+    """What makes a training run the run it is, as flat ``{"sft.lr": 1e-4, …, "input data/sft": "<sha256>"}``.
+
+    The stage's params minus `BUDGET_KEYS` (raising `max_steps` continues the same run), the model shape for
+    pretrain, `distributed` minus `LAUNCH_KEYS` (every machine of a multi-node run computes the same one),
+    `profile` when enabled, and one content hash per input path (data, tokenizer, base model: they carry all
+    that is upstream, so upstream params need not be listed).
+    """
+    out: dict[str, Any] = {"stage": stage}
+    _flat(stage, {k: v for k, v in params.stage(stage).model_dump().items() if k not in BUDGET_KEYS}, out)
+    if stage == "pretrain":
+        _flat("model", params.model.model_dump(), out)
+    _flat("distributed", params.distributed.model_dump(exclude=set(LAUNCH_KEYS)), out)
+    if params.profile.enabled:
+        _flat("profile", params.profile.model_dump(), out)
+    for path in inputs:
+        out[f"input {path}"] = hash_paths([Path(path)])
+    return out
+
+
+def fingerprint_of(ident: dict[str, Any]) -> str:
+    """16 hex characters of SHA-256 over an :func:`identity`."""
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def fingerprint(params: Params, stage: str, inputs: list[Path]) -> str:
+    """The fingerprint of a run: two runs with the same one are the same run, and one may resume the other."""
+    return fingerprint_of(identity(params, stage, inputs))
+
+
+def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """One line per key whose value differs between two identities: ``key: <stored> → <current>`` (inputs: changed)."""
+    lines = []
+    for key in sorted(stored.keys() | current.keys()):
+        a, b = stored.get(key, "<absent>"), current.get(key, "<absent>")
+        if a != b:
+            lines.append(f"{key} changed" if key.startswith("input ") else f"{key}: {a!r} → {b!r}")
+    return lines
+
+
+def step_of(checkpoint: Path) -> int | None:
+    """The step of a ``checkpoint-<step>`` folder, else None."""
+    tail = checkpoint.name[len(PREFIX) :]
+    return int(tail) if checkpoint.name.startswith(PREFIX) and tail.isdigit() else None
+
+
+def _safetensors_problem(f: Path) -> str | None:
+    size = f.stat().st_size
+    with f.open("rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            return "no header"
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            return f"header of {n} bytes in a {size}-byte file"
+        try:
+            header = json.loads(fh.read(n))
+        except ValueError:
+            return "unreadable header"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    return None if 8 + n + end == size else f"{size} bytes, its header says {8 + n + end}"
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why `checkpoint` cannot be resumed (incomplete, or a file truncated or damaged), or None when it is whole.
+
+    Checks every ``*.safetensors`` against its header's sizes and every torch archive (``*.pt``, ``*.pth``,
+    ``*.bin``) for a readable zip directory; cheap (no tensor is read), so it catches truncation, not bit flips
+    inside the data.
+    """
+    state = checkpoint / STATE_FILE
+    if not state.is_file():
+        return f"no {STATE_FILE} (the save did not finish)"
+    try:
+        json.loads(state.read_text())
+    except ValueError:
+        return f"{STATE_FILE} is not valid JSON"
+    for f in sorted(checkpoint.rglob("*")):
+        if not f.is_file():
+            continue
+        problem = None
+        if f.suffix == ".safetensors":
+            problem = _safetensors_problem(f)
+        elif f.suffix in (".pt", ".pth", ".bin"):
+            try:
+                with zipfile.ZipFile(f):
+                    pass
+            except (zipfile.BadZipFile, OSError) as err:
+                problem = f"not a whole torch archive ({err})"
+        if problem:
+            return f"{f.relative_to(checkpoint)}: {problem}"
+    return None
+
+
+def newest_whole(run_dir: Path) -> Path | None:
+    """The newest whole checkpoint in `run_dir`, warning about each damaged newer one it skips (every rank of a
+    distributed run reads the same folder and so makes the same choice)."""
+    if not run_dir.is_dir():
+        return None
+    for ckpt in sorted((p for p in run_dir.iterdir() if step_of(p) is not None), key=step_of, reverse=True):
+        problem = checkpoint_problem(ckpt)
+        if problem is None:
+            return ckpt
+        log.warning("skipping damaged checkpoint %s (%s); falling back to the previous one", ckpt, problem)
+    return None
+
+
+def rotate(run_dir: Path, keep: int, protect: list[Path | None]) -> list[Path]:
+    """Delete all but the `keep` newest checkpoints of `run_dir` and those in `protect` (the one just written,
+    the best by validation); returns what was deleted.
+
+    Newest means most recently finished (``trainer_state.json``'s mtime, then step), not highest step: after a
+    rewind (``--resume-from`` an earlier checkpoint) the abandoned later ones go first. Unfinished folders count
+    as oldest. The HF Trainer's own rotation counts the best checkpoint inside its limit; this keeps it beside.
+    """
+    def finished(p: Path) -> tuple[float, int]:
+        state = p / STATE_FILE
+        return (state.stat().st_mtime if state.exists() else 0.0, step_of(p) or 0)
+
+    kept = {Path(p).resolve() for p in protect if p is not None}
+    ckpts = sorted((p for p in run_dir.iterdir() if step_of(p) is not None), key=finished, reverse=True)
+    gone = [p for p in ckpts[keep:] if p.resolve() not in kept]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+@dataclass(frozen=True)
+class ResumeRequest:
+    """What the command line asked about resuming.
+
+    Attributes:
+        from_path: ``--resume-from``: a ``checkpoint-<step>`` folder (or a run folder: its newest whole one).
+        restart: ``--restart``: train from step 0 even where a checkpoint of the same run exists; that run's
+            folder is moved aside (``<fingerprint>-restarted-<time>``), never deleted.
+    """
+
+    from_path: Path | None = None
+    restart: bool = False
+
+
+@dataclass(frozen=True)
+class Run:
+    """A training run's folder and where it starts.
+
+    Attributes:
+        path: ``checkpoints/<stage>/<fingerprint>/``: the Trainer's `output_dir`.
+        resume: The checkpoint to resume, or None for a fresh run.
+    """
+
+    path: Path
+    resume: Path | None
+
+    @property
+    def resumed_step(self) -> int:
+        """The step training continues after (0 for a fresh run)."""
+        return step_of(self.resume) if self.resume else 0
+
+
+def _explicit(request: ResumeRequest, stage: str, ident: dict[str, Any], flag: str = "--resume-from") -> Path:
+    path = Path(request.from_path)
+    if step_of(path) is None and path.is_dir():
+        newest = newest_whole(path)
+        if newest is None:
+            raise UserError(f"{flag} {path}: no whole checkpoint-<step> folder in it")
+        path = newest
+    problem = checkpoint_problem(path) if path.is_dir() else "no such checkpoint folder"
+    if problem:
+        raise UserError(f"{flag} {path}: {problem}; name another checkpoint, or pass --restart to train from step 0")
+    stored_file = path.parent / FINGERPRINT_FILE
+    stored = json.loads(stored_file.read_text()) if stored_file.is_file() else {}
+    diff = differences(stored, ident)
+    if diff:
+        raise UserError(
+            f"{flag} {path} is another run of {stage}: " + "; ".join(diff)
+            + ". Resuming it would continue other params or data; restore them, or pass --restart (without "
+            f"{flag}) to train {stage} from step 0"
+        )
+    return path
+
+
+def open_run(params: Params, stage: str, inputs: list[Path], request: ResumeRequest | None = None) -> Run:
+    """The run folder of `stage` with these params and inputs, and the checkpoint to resume.
+
+    By default the newest whole checkpoint of the same fingerprint is resumed (another fingerprint trains in its
+    own folder from step 0); ``--resume-from`` names one, which must belong to the same run; ``--restart`` moves
+    the run's folder aside and trains from step 0. The identity is written to ``fingerprint.json``.
+
+    Raises:
+        UserError: ``--resume-from`` names a missing or damaged checkpoint, or one of another run (the message
+            lists every key and input that differs, and the way to proceed).
+    """
+    request = request or ResumeRequest()
+    ident = identity(params, stage, inputs)
+    path = params.paths.out(params.paths.checkpoints, stage, fingerprint_of(ident))
+    resume = _explicit(request, stage, ident) if request.from_path else None
+    if request.restart and path.exists() and is_main_process():
+        aside = path.with_name(f"{path.name}-restarted-{time.strftime('%Y%m%d-%H%M%S')}")
+        path.rename(aside)
+        log.warning("%s: --restart: the run's earlier checkpoints are kept in %s", stage, aside)
+    elif resume is None and not request.restart:
+        resume = newest_whole(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if not (path / FINGERPRINT_FILE).exists():
+        write_json(path / FINGERPRINT_FILE, ident)
+    return Run(path=path, resume=resume)
+
+
+def describe_runs(params: Params, stage: str, inputs: list[Path]) -> str:
+    """``llm-train --task X --list-checkpoints``: every run folder of `stage`, newest first, with its whole and
+    damaged checkpoints, and how its identity differs from the current params and inputs."""
+    current = identity(params, stage, inputs)
+    root = params.paths.out(params.paths.checkpoints, stage)
+    folders = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True) \
+        if root.is_dir() else []  # fmt: skip
+    if not folders:
+        return f"{stage}: no checkpoints under {root}"
+    lines = [f"{stage}: {len(folders)} run folder(s) under {root} (newest first; nothing here is deleted by llmpipe)"]
+    for folder in folders:
+        stored_file = folder / FINGERPRINT_FILE
+        stored = json.loads(stored_file.read_text()) if stored_file.is_file() else None
+        steps = sorted(s for s in map(step_of, folder.iterdir()) if s is not None)
+        damaged = [s for s in steps if checkpoint_problem(folder / f"{PREFIX}{s}")]
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(folder.stat().st_mtime))
+        if stored is None:
+            how = "no fingerprint.json"
+        elif (diff := differences(stored, current)):
+            how = "differs: " + "; ".join(diff)
+        else:
+            how = "current params and inputs (resumed by the next run)"
+        lines.append(f"  {folder.name}  {when}  checkpoints at steps {steps or 'none'}"
+                     + (f" (damaged: {damaged})" if damaged else "") + f"\n      {how}")  # fmt: skip
+    return "\n".join(lines)

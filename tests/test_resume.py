@@ -1,0 +1,187 @@
+"""Exact resume: every training stage, SIGKILLed at a seeded step between checkpoints and run again, trains on
+the batches of an uninterrupted run and ends with its losses; and the resume rules (fingerprints, --resume-from,
+--restart, raised budgets, damaged checkpoints, the best checkpoint kept, --list-checkpoints)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, TINY_PARAMS
+
+from llmpipe import stages
+from llmpipe.cli import main
+from llmpipe.config import load_params
+
+# Per stage: steps, checkpoint interval, and every step logged (so each step's loss can be compared).
+RESUME = {
+    "pretrain": {"max_steps": 9, "save_steps": 4, "eval_steps": 9, "logging_steps": 1},
+    "sft": {"max_steps": 9, "save_steps": 4, "eval_steps": 9, "logging_steps": 1},
+    "dpo": {"max_steps": 9, "save_steps": 4, "eval_steps": 9, "logging_steps": 1},
+    "reward": {"max_steps": 9, "save_steps": 4, "eval_steps": 9, "logging_steps": 1},
+    # RL stages: a step is a generation round (GRPO) or a rollout plus its PPO epochs, so fewer of them.
+    "grpo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1},
+    "ppo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def stagedir(workdir) -> Path:
+    """`workdir` with tiny untrained models/pretrain and models/sft, a one-label models/reward on the same
+    backbone, and params.yaml with the `RESUME` schedules: every training stage can run here."""
+    from transformers import AutoModelForSequenceClassification
+
+    from llmpipe.modeling import build_model, load_tokenizer, save_model
+
+    raw = yaml.safe_load(TINY_PARAMS)
+    for stage, schedule in RESUME.items():
+        raw[stage] = {**raw.get(stage, {}), **schedule}
+    (workdir / "params.yaml").write_text(yaml.safe_dump(raw))
+    params = load_params(workdir / "params.yaml")
+    tok = load_tokenizer(workdir / params.paths.tokenizer)
+    model = build_model(params.model, tok)
+    for name in ("pretrain", "sft"):
+        save_model(model, tok, workdir / "models" / name)
+    reward = AutoModelForSequenceClassification.from_pretrained(workdir / "models" / "sft", num_labels=1)
+    save_model(reward, tok, workdir / "models" / "reward")
+    return workdir
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "LLMPIPE_KILL_AT_STEP"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    return {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **extra}
+
+
+def _llm_train(cwd: Path, stage: str, root: Path, **env: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "llmpipe.cli", "--task", stage, "--output-dir", str(root)]
+    return subprocess.run(cmd, cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=600)
+
+
+def _rows(root: Path, stage: str, name: str) -> list[dict[str, str]]:
+    return list(csv.DictReader((root / "logs" / stage / name).open()))
+
+
+def _kill_step(stage: str) -> int:
+    """A seeded step after the first checkpoint that is not a checkpoint step."""
+    s = RESUME[stage]
+    choices = [k for k in range(s["save_steps"] + 1, s["max_steps"]) if k % s["save_steps"]]
+    return random.Random(stage).choice(choices)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", list(RESUME))
+def test_a_killed_stage_resumes_exactly(stagedir, stage, tmp_path, monkeypatch):
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    at = _kill_step(stage)
+    crash = _llm_train(stagedir, stage, killed, LLMPIPE_KILL_AT_STEP=str(at))
+    assert crash.returncode == -9, crash.stderr[-3000:]
+    assert not (killed / "models" / stage).exists(), "killed before the end: no final model"
+
+    rerun = _llm_train(stagedir, stage, killed)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    resumed = json.loads((killed / "metrics" / f"{stage}.json").read_text())
+    expected_resume = at - at % RESUME[stage]["save_steps"]
+    assert f"resuming from {killed}" in rerun.stderr and resumed["resumed_from_step"] == expected_resume > 0
+
+    monkeypatch.chdir(stagedir)  # the same run, uninterrupted, in this process
+    reference = stages.runner(stage)(load_params("params.yaml", {"paths.output_root": str(whole)}))
+
+    assert resumed["steps"] == reference["steps"] == RESUME[stage]["max_steps"]
+    ledger = _rows(killed, stage, "batches.csv")
+    assert [int(r["step"]) for r in ledger] == list(range(1, RESUME[stage]["max_steps"] + 1))
+    assert ledger == _rows(whole, stage, "batches.csv"), "the resumed run trained on other batches"
+    if stage == "ppo":
+        assert len({r["sha"] for r in ledger}) == len(ledger), "each PPO step takes new prompts"
+    got, want = _rows(killed, stage, "train.csv"), _rows(whole, stage, "train.csv")
+    assert [r["step"] for r in got] == [r["step"] for r in want], "the log keeps the steps before the kill"
+    for a, b in zip(got, want, strict=True):
+        assert float(a["loss"]) == pytest.approx(float(b["loss"]), abs=1e-4), f"step {a['step']}"
+    final = "eval_reward" if stage in ("ppo", "grpo") else "eval_loss"
+    assert resumed[final] == pytest.approx(reference[final], abs=1e-4)
+
+
+# ---- the resume rules, on pretrain (the cheapest stage) ----------------------------------------------------------
+
+
+def _pretrain(root: Path, **over) -> dict:
+    """Run pretrain in this process with params.yaml plus `over` (dotted under ``pretrain.``), writing to `root`."""
+    extra = {f"pretrain.{k}": v for k, v in over.items()}
+    return stages.runner("pretrain")(load_params("params.yaml", {"paths.output_root": str(root), **extra}))
+
+
+def _runs(root: Path) -> list[Path]:
+    return sorted((root / "checkpoints" / "pretrain").iterdir())
+
+
+@pytest.mark.slow
+def test_resume_rules(stagedir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(stagedir)
+    root = tmp_path / "rules"
+    first = _pretrain(root)
+    (run,) = _runs(root)
+    assert first["resumed_from_step"] == 0
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-8", "checkpoint-9"]
+
+    # Raising only the budget continues the same run: same folder, no step skipped or repeated.
+    longer = _pretrain(root, max_steps=12)
+    assert (longer["resumed_from_step"], longer["steps"]) == (9, 12) and _runs(root) == [run]
+    ledger = _rows(root, "pretrain", "batches.csv")
+    assert [int(r["step"]) for r in ledger] == list(range(1, 13))
+
+    # Other params train from step 0 in a folder of their own.
+    other = _pretrain(root, lr=5e-4)
+    assert other["resumed_from_step"] == 0 and len(_runs(root)) == 2
+
+    # --resume-from a checkpoint of other params: an error naming each key that differs, and the way out.
+    capsys.readouterr()
+    code = main(["--task", "pretrain", "--output-dir", str(root), "--resume-from", str(run / "checkpoint-12"),
+                 "--lr", "0.002", "--batch-size", "2"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(r"pretrain\.lr: \S+ → 0\.002", err), err
+    (line,) = [x for x in err.splitlines() if x.startswith("llm-train: error:")]
+    assert "--restart" in line and "pretrain.per_device_train_batch_size: 4 → 2" in line
+
+    # A damaged newest checkpoint is skipped with a warning naming it; the previous one is resumed.
+    weights = run / "checkpoint-12" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # as a kill during the save would leave it
+    again = _pretrain(root, max_steps=14)
+    assert again["resumed_from_step"] == 9, "fell back to checkpoint-9"
+
+    # --resume-from an earlier checkpoint of the same run rewinds to it.
+    assert main(["--task", "pretrain", "--output-dir", str(root), "--steps-per-epoch", "14",
+                 "--resume-from", str(run / "checkpoint-12")]) == 0  # fmt: skip
+    rewound = json.loads((root / "metrics" / "pretrain.json").read_text())
+    assert (rewound["resumed_from_step"], rewound["steps"]) == (12, 14)
+
+    # --list-checkpoints names every run folder and how it differs; --restart keeps the old checkpoints.
+    capsys.readouterr()
+    assert main(["--task", "pretrain", "--output-dir", str(root), "--list-checkpoints"]) == 0
+    listing = capsys.readouterr().out
+    assert run.name in listing and "current params and inputs" in listing
+    assert re.search(r"pretrain\.lr: 0\.0005 → \S+", listing), listing
+    assert main(["--task", "pretrain", "--output-dir", str(root), "--restart"]) == 0
+    assert json.loads((root / "metrics" / "pretrain.json").read_text())["resumed_from_step"] == 0
+    assert any(p.name.startswith(f"{run.name}-restarted-") for p in _runs(root)), "old checkpoints kept"
+
+
+@pytest.mark.slow
+def test_the_best_checkpoint_is_kept_besides_the_last(stagedir, tmp_path, monkeypatch):
+    monkeypatch.chdir(stagedir)
+    root = tmp_path / "best"
+    _pretrain(root, max_steps=12, save_steps=2, eval_steps=2, save_total_limit=1, lr=0.5, warmup_steps=0,
+              lr_scheduler_type="constant")  # the loss rises
+    (run,) = _runs(root)
+    state = json.loads((run / "checkpoint-12" / "trainer_state.json").read_text())
+    kept = sorted(p.name for p in run.glob("checkpoint-*"))
+    assert state["best_model_checkpoint"] and Path(state["best_model_checkpoint"]).name in kept
+    assert kept == sorted({"checkpoint-12", Path(state["best_model_checkpoint"]).name})
+    assert len(kept) == 2, f"the best checkpoint is the last one here, which proves nothing: {state['log_history']}"
