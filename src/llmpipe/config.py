@@ -602,7 +602,9 @@ def _format_errors(err: ValidationError, source: str, origin: dict[str, str]) ->
             msg = e["msg"].removeprefix("Value error, ")
             # a cross-field rule's input is its whole section (or file): its message names the values itself
             got = f" (got {e.get('input')!r})" if loc and not isinstance(e.get("input"), dict) else ""
-            lines.append(f"  {key}: {msg}{got}" if key else f"  {msg}")  # a whole-file rule names its keys
+            # a cross-field rule names its keys itself: no "model: model.num_key_value_heads …"
+            named = not key or (isinstance(e.get("input"), dict) and msg.startswith((f"{key}.", f"{key} ")))
+            lines.append(f"  {msg}" if named else f"  {key}: {msg}{got}")
     return f"{source}: invalid params:\n" + "\n".join(dict.fromkeys(lines))
 
 
@@ -672,9 +674,12 @@ def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
+        mark, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err)
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        if context is not None and getattr(err, "context", None) and (mark is None or context.line != mark.line):
+            # an unclosed bracket or quote is noticed lines later; say where it opened
+            problem += f" ({err.context} at line {context.line + 1}, column {context.column + 1})"
         raise ParamsError(f"{path}:{where}: YAML syntax error: {problem}") from None
     if isinstance(raw, dict):
         for key, value in (overrides or {}).items():
