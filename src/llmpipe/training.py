@@ -119,9 +119,15 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
 
 
 def hash_paths(paths: list[Path]) -> str:
-    """SHA-256 over the relative names and bytes of every file under `paths` (files or folders), in order."""
+    """SHA-256 over the relative names and bytes of every file under `paths` (files or folders), in order.
+
+    Raises:
+        UserError: An input does not exist (an earlier stage has not run).
+    """
     h = hashlib.sha256()
     for root in paths:
+        if not Path(root).exists():
+            raise UserError(f"{root}: missing input of this stage; run the stages before it first (dvc repro)")
         files = sorted(p for p in Path(root).rglob("*") if p.is_file()) if Path(root).is_dir() else [Path(root)]
         for f in files:
             h.update(str(f.relative_to(root) if f != Path(root) else f.name).encode())

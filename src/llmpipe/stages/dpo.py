@@ -29,19 +29,27 @@ def dpo_config(params: Params, run_dir: Path):
     )
 
 
-def run(params: Params) -> dict[str, float]:
-    """Preference-tune models/sft on data/preference; save models/dpo. Returns losses, reward accuracy, steps."""
+def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:
+    """Preference-tune models/sft on data/preference; save models/dpo. Returns losses, reward accuracy, steps.
+
+    Args:
+        params: Validated params; reads ``paths``, ``dpo`` and ``distributed``.
+        trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
+            (``--trust-remote-code``).
+    """
     from trl import DPOTrainer
 
     cfg = params.dpo
     data = Path(params.paths.data, "preference")
     base = Path(params.paths.models, "sft")
-    tokenizer = load_tokenizer(params.paths.tokenizer)
+    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
     missing = "run the sft stage first (dvc repro sft)"
+    model = load_model(base, missing, trust_remote_code=trust_remote_code)  # before hashing base: names the fix
+    ref_model = load_model(base, missing, trust_remote_code=trust_remote_code)
     run_dir = checkpoint_dir(params, "dpo", [data, base, Path(params.paths.tokenizer)])
     trainer = DPOTrainer(
-        model=load_model(base, missing),
-        ref_model=load_model(base, missing),
+        model=model,
+        ref_model=ref_model,
         args=dpo_config(params, run_dir),
         train_dataset=load_split(data / "train.jsonl", COLUMNS, cfg.num_samples),
         eval_dataset=load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples),

@@ -142,26 +142,33 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
     return {k: round(v, 5) for k, v in metrics.items() if math.isfinite(v)}  # DVC metrics must be numbers
 
 
-def run(params: Params) -> dict[str, float]:
+def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:
     """Train models/<grpo.policy> with GRPO on the SFT prompts; save models/grpo.
 
     Returns:
         The metrics of :func:`llmpipe.training.train_stage`, those of :func:`rl_metrics`, and ``eval_reward``
         (mean reward on the validation prompts at the end).
 
+    Args:
+        params: Validated params; reads ``paths``, ``grpo`` and ``distributed``.
+        trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
+            (``--trust-remote-code``).
+
     Raises:
-        UserError: The policy model, the tokenizer or an SFT split is missing.
+        UserError: The policy model, the tokenizer or an SFT split is missing, or a folder is refused.
     """
     from trl import GRPOTrainer
 
     cfg = params.grpo
     data = Path(params.paths.data, "sft")
     base = Path(params.paths.models, cfg.policy)
-    tokenizer = load_tokenizer(params.paths.tokenizer)
+    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
+    missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
+    model = load_model(base, missing, trust_remote_code=trust_remote_code)  # before hashing base: names the fix
     run_dir = checkpoint_dir(params, "grpo", [data, base, Path(params.paths.tokenizer)])
     reward_funcs, _ = trl_reward_functions(cfg.rewards)  # weights reach TRL through grpo_config
     trainer = GRPOTrainer(
-        model=load_model(base, f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"),
+        model=model,
         reward_funcs=reward_funcs,
         args=grpo_config(params, run_dir),
         train_dataset=load_prompts(data / "train.jsonl", tokenizer, cfg.max_length, cfg.num_samples),

@@ -40,7 +40,14 @@ from llmpipe.data.loading import load_split
 from llmpipe.distributed.launch import check_world
 from llmpipe.errors import UserError
 from llmpipe.io import atomic_dir, write_json
-from llmpipe.modeling import count_parameters, load_model, load_tokenizer, save_model
+from llmpipe.modeling import (
+    check_model_dir,
+    count_parameters,
+    load_model,
+    load_pretrained,
+    load_tokenizer,
+    save_model,
+)
 from llmpipe.profiling import StepProfiler
 from llmpipe.rewards import compute_rewards
 from llmpipe.rl.ppo import (
@@ -152,17 +159,22 @@ class IndexStream:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
-def load_value_model(path: Path):
+REWARD_MISSING = "run the reward stage first (dvc repro reward)"
+
+
+def load_value_model(path: Path, trust_remote_code: bool = False):
     """A one-label `AutoModelForSequenceClassification` with a `score` head (what the reward stage saves).
 
+    Args:
+        path: The reward model folder.
+        trust_remote_code: Let pickled weights or ``auto_map`` code load (see `llmpipe.modeling`).
+
     Raises:
-        UserError: The folder is missing, or the model has more than one label or no `score` head.
+        UserError: The folder is missing or refused, or the model has more than one label or no `score` head.
     """
     from transformers import AutoModelForSequenceClassification
 
-    if not (path / "config.json").exists():
-        raise UserError(f"{path}: no model there; run the reward stage first (dvc repro reward)")
-    model = AutoModelForSequenceClassification.from_pretrained(path)
+    model = load_pretrained(AutoModelForSequenceClassification, path, REWARD_MISSING, trust_remote_code)
     if model.config.num_labels != 1 or not hasattr(model, "score"):
         raise UserError(f"{path}: expected a one-label sequence-classification model with a `score` head")
     return model
@@ -499,7 +511,9 @@ def _summary(history: list[dict[str, Any]], rollout_batch_size: int) -> dict[str
     }
 
 
-def _build(params: Params, tokenizer, train: Prompts, valid: Prompts, run_dir: Path) -> tuple[PPORun, int]:
+def _build(
+    params: Params, tokenizer, train: Prompts, valid: Prompts, run_dir: Path, trust_remote_code: bool = False
+) -> tuple[PPORun, int]:
     """Models, optimizer and schedule on an `Accelerator`, and the checkpointed state objects registered.
 
     Returns:
@@ -513,14 +527,15 @@ def _build(params: Params, tokenizer, train: Prompts, valid: Prompts, run_dir: P
     set_seed(cfg.seed)
     policy_dir = Path(paths.models, cfg.policy)
     missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
-    policy, ref_policy = load_model(policy_dir, missing), load_model(policy_dir, missing)
+    policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code)
+    ref_policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code)
     if cfg.max_length > policy.config.max_position_embeddings:
         raise UserError(
             f"ppo.max_length ({cfg.max_length}) exceeds the max_position_embeddings of {policy_dir} "
             f"({policy.config.max_position_embeddings}); lower it"
         )
-    value_model = load_value_model(Path(paths.models, "reward"))
-    reward_model = load_value_model(Path(paths.models, "reward")) if cfg.reward_model else None
+    value_model = load_value_model(Path(paths.models, "reward"), trust_remote_code)
+    reward_model = load_value_model(Path(paths.models, "reward"), trust_remote_code) if cfg.reward_model else None
     if params.distributed.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         value_model.gradient_checkpointing_enable()
@@ -580,8 +595,13 @@ def _train(
             _save_checkpoint(run, run_dir, state, cfg.save_total_limit)
 
 
-def run(params: Params) -> dict[str, float]:
+def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:
     """PPO-train models/<policy> against models/reward and/or reward functions; save models/ppo.
+
+    Args:
+        params: Validated params; reads ``paths``, ``ppo``, ``profile`` and ``distributed``.
+        trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
+            (``--trust-remote-code``).
 
     Returns:
         ``reward_first``/``reward_last`` (mean raw score over the first/last 10% of steps) with their standard
@@ -591,7 +611,7 @@ def run(params: Params) -> dict[str, float]:
         `throughput.peak_memory_gb`), ``resumed_from_step`` (0 for a fresh run), ``num_parameters`` (policy).
 
     Raises:
-        UserError: Missing inputs, no prompt fits the token budget, a too long `max_length`, or a
+        UserError: Missing or refused inputs, no prompt fits the token budget, a too long `max_length`, or a
             compiled setup (not supported by this stage yet; a multi-process one is refused before launch,
             `llmpipe.distributed.launch.ONE_PROCESS_TASKS`).
     """
@@ -601,15 +621,18 @@ def run(params: Params) -> dict[str, float]:
     if params.distributed.torch_compile:
         raise UserError("ppo does not support distributed.torch_compile yet; set it to false")
     data = Path(paths.data, "sft")
-    tokenizer = load_tokenizer(paths.tokenizer)
+    tokenizer = load_tokenizer(paths.tokenizer, trust_remote_code)
     budget = cfg.max_length - cfg.generation.max_new_tokens
     train = load_prompts(data / "train.jsonl", tokenizer, budget, cfg.num_samples)
     valid = load_prompts(data / "validation.jsonl", tokenizer, budget, cfg.max_eval_samples)
-    inputs = [data, Path(paths.tokenizer), Path(paths.models, cfg.policy), Path(paths.models, "reward")]
+    policy_dir, reward_dir = Path(paths.models, cfg.policy), Path(paths.models, "reward")
+    check_model_dir(policy_dir, f"run the {cfg.policy} stage first (dvc repro {cfg.policy})", trust_remote_code)
+    check_model_dir(reward_dir, REWARD_MISSING, trust_remote_code)  # before hashing them: names the fix
+    inputs = [data, Path(paths.tokenizer), policy_dir, reward_dir]
     if cfg.ptx_coef > 0:
         inputs.append(Path(paths.data, "pretrain"))
     run_dir = checkpoint_dir(params, "ppo", inputs)
-    ppo, total_steps = _build(params, tokenizer, train, valid, run_dir)
+    ppo, total_steps = _build(params, tokenizer, train, valid, run_dir, trust_remote_code)
 
     state: dict[str, Any] = {"step": 0, "history": [], "log_history": []}
     resume = last_checkpoint(run_dir)

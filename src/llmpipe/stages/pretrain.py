@@ -104,11 +104,16 @@ def make_trainer(params: Params, model, train: PackedBlocks, valid: PackedBlocks
     )
 
 
-def run(params: Params) -> dict[str, float]:
-    """Pretrain from random init; save models/pretrain. Returns losses, steps, tokens/s (see `train_stage`)."""
+def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:
+    """Pretrain from random init; save models/pretrain. Returns losses, steps, tokens/s (see `train_stage`).
+
+    Args:
+        params: Validated params; reads ``paths``, ``model``, ``pretrain`` and ``distributed``.
+        trust_remote_code: Load a tokenizer folder that maps to Python code (``--trust-remote-code``).
+    """
     cfg = params.pretrain
     data = Path(params.paths.data, "pretrain")
-    tokenizer = load_tokenizer(params.paths.tokenizer)
+    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
     if cfg.max_length > params.model.max_position_embeddings:
         raise UserError(
             f"pretrain.max_length ({cfg.max_length}) exceeds model.max_position_embeddings "

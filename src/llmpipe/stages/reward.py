@@ -99,7 +99,7 @@ def pairwise_metrics(model, tokenizer, pairs, batch_size: int) -> dict[str, floa
     return metrics
 
 
-def run(params: Params) -> dict[str, float]:
+def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:
     """Train a reward model from models/sft on data/preference; save models/reward; score the test pairs.
 
     A ``margin`` column in the preference data is passed to the loss when the first row has one.
@@ -109,8 +109,13 @@ def run(params: Params) -> dict[str, float]:
         held-out pairs of ``data/preference/test.jsonl``: ``accuracy``, ``accuracy_<corruption>`` (swap, truncate,
         syntax on the default data), ``mean_margin``, ``num_pairs``.
 
+    Args:
+        params: Validated params; reads ``paths``, ``reward`` and ``distributed``.
+        trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
+            (``--trust-remote-code``).
+
     Raises:
-        UserError: models/sft, the tokenizer or a preference split is missing.
+        UserError: models/sft, the tokenizer or a preference split is missing, or a folder is refused.
     """
     from transformers import set_seed
     from trl import RewardTrainer
@@ -118,11 +123,12 @@ def run(params: Params) -> dict[str, float]:
     cfg = params.reward
     data = Path(params.paths.data, "preference")
     base = Path(params.paths.models, "sft")
-    tokenizer = load_tokenizer(params.paths.tokenizer)
-    run_dir = checkpoint_dir(params, "reward", [data, base, Path(params.paths.tokenizer)])
+    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
     set_seed(cfg.seed)  # the score head is initialised at load
+    model = load_model(base, "run the sft stage first (dvc repro sft)", num_labels=1, trust_remote_code=trust_remote_code)
+    run_dir = checkpoint_dir(params, "reward", [data, base, Path(params.paths.tokenizer)])
     trainer = RewardTrainer(
-        model=load_model(base, "run the sft stage first (dvc repro sft)", num_labels=1),
+        model=model,
         args=reward_config(params, run_dir),
         train_dataset=load_split(data / "train.jsonl", COLUMNS, cfg.num_samples, optional=("margin",)),
         eval_dataset=load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples, optional=("margin",)),

@@ -25,15 +25,21 @@ def sft_config(params: Params, run_dir: Path):
     )
 
 
-def run(params: Params) -> dict[str, float]:
-    """Fine-tune models/pretrain on data/sft; save models/sft. Returns losses, steps, tokens/s."""
+def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:
+    """Fine-tune models/pretrain on data/sft; save models/sft. Returns losses, steps, tokens/s.
+
+    Args:
+        params: Validated params; reads ``paths``, ``sft`` and ``distributed``.
+        trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
+            (``--trust-remote-code``).
+    """
     from trl import SFTTrainer
 
     cfg = params.sft
     data = Path(params.paths.data, "sft")
     base = Path(params.paths.models, "pretrain")
-    tokenizer = load_tokenizer(params.paths.tokenizer)
-    model = load_model(base, "run the pretrain stage first (dvc repro pretrain)")
+    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
+    model = load_model(base, "run the pretrain stage first (dvc repro pretrain)", trust_remote_code=trust_remote_code)
     run_dir = checkpoint_dir(params, "sft", [data, base, Path(params.paths.tokenizer)])
     trainer = SFTTrainer(
         model=model,
