@@ -56,7 +56,7 @@ def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str
     path = model_dir(params, model, trust_remote_code)
     tasks = list(dict.fromkeys(params.eval.tasks))
     harness.check_llmpipe_names(tasks)
-    tokenizer = load_tokenizer(path, trust_remote_code, what=f"rerun the {model} stage (it saves the tokenizer beside the model)")
+    tokenizer = load_tokenizer(path, trust_remote_code, what=f"rerun the {model} stage (it saves its tokenizer there)")
     with tempfile.TemporaryDirectory(prefix=f"llmpipe-eval-{model}-") as work:
         max_length = harness.context_length(path, params.eval.max_length)
         counts = render_tasks(

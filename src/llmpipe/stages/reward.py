@@ -125,7 +125,8 @@ def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:
     base = Path(params.paths.models, "sft")
     tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
     set_seed(cfg.seed)  # the score head is initialised at load
-    model = load_model(base, "run the sft stage first (dvc repro sft)", num_labels=1, trust_remote_code=trust_remote_code)
+    missing = "run the sft stage first (dvc repro sft)"
+    model = load_model(base, missing, num_labels=1, trust_remote_code=trust_remote_code)  # before hashing base
     run_dir = checkpoint_dir(params, "reward", [data, base, Path(params.paths.tokenizer)])
     trainer = RewardTrainer(
         model=model,
