@@ -85,7 +85,7 @@ model: $MODEL
 train: {precision: $( ((TINY)) && echo fp32 || echo bf16)}
 pretrain: {max_steps: $STEPS, eval_steps: $((STEPS + 1)), save_steps: $((STEPS + 1)), max_length: $BLOCK,
            per_device_train_batch_size: $BATCH, per_device_eval_batch_size: $BATCH, max_eval_samples: $((BATCH * 2)),
-           lr: 0.0006, warmup_steps: 10, logging_steps: 10, dataloader_num_workers: 2,
+           lr: 0.0006, warmup_steps: $((STEPS < 10 ? STEPS : 10)), logging_steps: 10, dataloader_num_workers: 2,
            optim: $( ((TINY)) && echo adamw_torch || echo adamw_torch_fused)}
 distributed: {torch_compile: true}
 EOF
@@ -151,7 +151,8 @@ import sys, yaml
 s, steps, over = sys.argv[1], int(sys.argv[2]), yaml.safe_load(sys.argv[3])
 raw = yaml.safe_load(open("params.yaml"))
 raw.update(over)
-raw["pretrain"] = {**raw["pretrain"], "max_steps": steps, "save_steps": 10, "eval_steps": 10, "logging_steps": 5}
+raw["pretrain"] = {**raw["pretrain"], "max_steps": steps, "save_steps": 10, "eval_steps": 10, "logging_steps": 5,
+                   "warmup_steps": min(raw["pretrain"]["warmup_steps"], steps)}  # params refuse warmup > max_steps
 yaml.safe_dump(raw, open(f"params-{s}.yaml", "w"))
 EOF
     if ! part "${s}_${steps}steps" 150 "$PY" -m llmpipe.cli --task pretrain --config-path "params-$s.yaml"; then

@@ -163,6 +163,7 @@ def run_mode(mode: str, params_path: Path, rounds: int, block_steps: int, tokeni
             "pretrain.precision": "fp32" if fp32 else "bf16",
             "distributed.torch_compile": compiled,
             "pretrain.max_steps": window + 1,
+            "pretrain.warmup_steps": 0,  # params refuse warmup beyond max_steps; the lr value does not change speed
             "pretrain.eval_steps": window + 1,
             "pretrain.save_steps": window + 1,
         },

@@ -8,11 +8,10 @@ import sys
 
 import pytest
 import yaml
+from conftest import ROOT
 from pydantic import BaseModel
 
 from llmpipe.config import ParamsError, load_params, parse_params
-
-from conftest import ROOT
 
 
 def test_shipped_params_validate():

@@ -8,10 +8,9 @@ import sys
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from llmpipe import stages
-
-from conftest import ROOT
 
 IMPORTS = """
 import json, sys

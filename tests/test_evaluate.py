@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 import yaml
+from safetensors.torch import save_file
 
 from llmpipe import cli
 from llmpipe.config import ModelParams, parse_params
-from llmpipe.errors import UserError
 from llmpipe.data.corrupt import CORRUPTIONS
+from llmpipe.errors import UserError
 from llmpipe.evaluation.harness import flatten
 from llmpipe.evaluation.hooks import generation_score, preference_accuracy
 from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks
@@ -165,8 +166,9 @@ def test_empty_signature_mc_is_skipped_and_said(tmp_path):
     write_eval_sets(tmp_path / "data" / "eval", signature_mc=False)
     (tmp_path / "models" / "tiny").mkdir(parents=True)
     _, params = make_params(tmp_path, tasks=["llmpipe_signature_mc"])
-    # No task left to run: lm-eval and the model are never loaded, so the config alone suffices.
+    # No task left to run: lm-eval and the model are never loaded, so a config and an empty weights file suffice.
     (tmp_path / "models" / "tiny" / "config.json").write_text("{}")
+    save_file({}, tmp_path / "models" / "tiny" / "model.safetensors")
     tok = train_bpe(iter(stdlib_text("string")), vocab_size=300, min_frequency=2, model_max_length=64)
     tok.save_pretrained(tmp_path / "models" / "tiny")
     assert evaluate.run(params, model="tiny") == {"llmpipe_signature_mc.num_docs": 0,

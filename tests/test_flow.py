@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import yaml
 import pytest
-
+import yaml
 from conftest import ALL_STAGES, ROOT, TINY_PARAMS, make_pipeline_repo, sh, stages_run
 
 sys.path.insert(0, str(ROOT / "flows"))
 from full_pipeline import working_copy_path  # noqa: E402
+
 from llmpipe.orchestration.processes import stop_process_group  # noqa: E402
 
 pytestmark = pytest.mark.slow

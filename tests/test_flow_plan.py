@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, SHIPPED_STAGES
 
 sys.path.insert(0, str(ROOT / "flows"))

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from conftest import TINY_PARAMS, kill_after_first_checkpoint
 
+from llmpipe.checkpoints import fingerprint
 from llmpipe.config import load_params, parse_params
 from llmpipe.io import atomic_dir
-from llmpipe.checkpoints import fingerprint
 
 
 def test_fingerprint_ignores_budgets_but_not_hyperparameters(workdir):

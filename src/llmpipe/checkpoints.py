@@ -42,13 +42,13 @@ PREFIX = "checkpoint-"
 def hash_paths(paths: list[Path]) -> str:
     """SHA-256 over the relative names and bytes of every file under `paths` (files or folders), in order.
 
-    A missing path hashes as the word ``missing``, so an identity can still be compared (and listed).
+    Raises:
+        UserError: An input does not exist (an earlier stage has not run).
     """
     h = hashlib.sha256()
     for root in map(Path, paths):
         if not root.exists():
-            h.update(b"missing")
-            continue
+            raise UserError(f"{root}: missing input of this stage; run the stages before it first (dvc repro)")
         files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
         for f in files:
             h.update(str(f.relative_to(root) if f != root else f.name).encode())
@@ -275,7 +275,11 @@ def open_run(params: Params, stage: str, inputs: list[Path], request: ResumeRequ
 def describe_runs(params: Params, stage: str, inputs: list[Path]) -> str:
     """``llm-train --task X --list-checkpoints``: every run folder of `stage`, newest first, with its whole and
     damaged checkpoints, and how its identity differs from the current params and inputs."""
-    current = identity(params, stage, inputs)
+    try:
+        current: dict[str, Any] = identity(params, stage, inputs)
+    except UserError as err:  # an input is missing: list the folders all the same
+        current = {}
+        log.warning("%s; no folder can be marked as the current run", err)
     root = params.paths.out(params.paths.checkpoints, stage)
     folders = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True) \
         if root.is_dir() else []  # fmt: skip
@@ -290,6 +294,8 @@ def describe_runs(params: Params, stage: str, inputs: list[Path]) -> str:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(folder.stat().st_mtime))
         if stored is None:
             how = "no fingerprint.json"
+        elif not current:
+            how = "not compared (an input of the current params is missing)"
         elif (diff := differences(stored, current)):
             how = "differs: " + "; ".join(diff)
         else:

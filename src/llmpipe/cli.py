@@ -32,6 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, help="stage to run (see below)")
     p.add_argument("--config-path", default="params.yaml", help="params file (default: params.yaml)")
     p.add_argument("--model", help="evaluate: which model under paths.models to evaluate")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="load model/tokenizer folders whose weights are pickles (*.bin/*.pt/*.pkl) or whose config maps to "
+        "Python code (auto_map); off by default: only safetensors and no code",
+    )
     resume = p.add_argument_group("checkpoints (training tasks; by default a run resumes its newest whole checkpoint)")
     resume.add_argument("--resume-from", metavar="PATH",
                         help="resume this checkpoint-<step> folder (or a run folder's newest); it must be of the "
@@ -138,6 +144,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         kwargs["model"] = args.model
     elif args.model:
         raise UserError(f"--model applies to --task evaluate only, not {task}")
+    if args.trust_remote_code:  # stays in argv, so a copy relaunched under accelerate launch trusts the same
+        if task not in stages.LOADING_TASKS:
+            raise UserError(f"--trust-remote-code: --task {task} loads no model or tokenizer; drop the flag")
+        kwargs["trust_remote_code"] = True
     if task in stages.DISTRIBUTED_TASKS and needs_launch(params.distributed) and not under_launcher():
         relaunch(params, task, argv)  # does not return: the same command, under accelerate launch
     run = stages.runner(task)

@@ -536,6 +536,18 @@ class Params(Section):
     orchestration: OrchestrationParams = OrchestrationParams()
 
     @model_validator(mode="after")
+    def _warmup_within_max_steps(self) -> Params:
+        # Here rather than in TrainParams: a section does not know its own name, and the message must say which.
+        for name in ("train", *STAGE_SECTIONS):
+            t = self.stage(name)
+            if t.max_steps > 0 and t.warmup_steps > t.max_steps:
+                raise ValueError(
+                    f"{name}.warmup_steps ({t.warmup_steps}) exceeds {name}.max_steps ({t.max_steps}), so the "
+                    f"learning rate would never reach {name}.lr; lower {name}.warmup_steps or raise {name}.max_steps"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _grpo_fits(self) -> Params:
         g, processes = self.grpo, self.distributed.world_size
         if processes is None:  # num_processes: auto; the launcher knows the world size, GRPOConfig checks it then
@@ -556,7 +568,7 @@ class Params(Section):
         return self
 
     def stage(self, name: str) -> TrainParams:
-        """The merged training params of stage `name` (one of :data:`STAGE_SECTIONS`)."""
+        """The merged training params of stage `name` (one of :data:`STAGE_SECTIONS`, or ``train`` itself)."""
         return getattr(self, name)
 
 
@@ -590,7 +602,9 @@ def _format_errors(err: ValidationError, source: str, origin: dict[str, str]) ->
             msg = e["msg"].removeprefix("Value error, ")
             # a cross-field rule's input is its whole section (or file): its message names the values itself
             got = f" (got {e.get('input')!r})" if loc and not isinstance(e.get("input"), dict) else ""
-            lines.append(f"  {key or '<top level>'}: {msg}{got}")
+            # a cross-field rule names its keys itself: no "model: model.num_key_value_heads …"
+            named = not key or (isinstance(e.get("input"), dict) and msg.startswith((f"{key}.", f"{key} ")))
+            lines.append(f"  {msg}" if named else f"  {key}: {msg}{got}")
     return f"{source}: invalid params:\n" + "\n".join(dict.fromkeys(lines))
 
 
@@ -660,9 +674,12 @@ def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
+        mark, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err)
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        if context is not None and getattr(err, "context", None) and (mark is None or context.line != mark.line):
+            # an unclosed bracket or quote is noticed lines later; say where it opened
+            problem += f" ({err.context} at line {context.line + 1}, column {context.column + 1})"
         raise ParamsError(f"{path}:{where}: YAML syntax error: {problem}") from None
     if isinstance(raw, dict):
         for key, value in (overrides or {}).items():

@@ -78,12 +78,13 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Read a jsonl file.
 
     Raises:
-        ValueError: A line is not a JSON object; the message gives the file and line number.
+        ValueError: A line is not UTF-8 or not a JSON object; the message gives the file and line number.
         FileNotFoundError: The file does not exist.
     """
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            line = decode_line(raw, path, lineno)
             if not line.strip():
                 continue
             try:
@@ -94,3 +95,18 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             rows.append(row)
     return rows
+
+
+def decode_line(raw: bytes, path: str | Path, lineno: int) -> str:
+    """`raw` (one line of `path`) as UTF-8.
+
+    Raises:
+        ValueError: ``<path>:<lineno>: not UTF-8 …`` with the byte and its column.
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path}:{lineno}: not UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
+            "save the file as UTF-8"
+        ) from None

@@ -1,13 +1,32 @@
 """Build a transformers causal LM from ``model:`` params, or load a saved one; save models as standard
-Hugging Face directories (safetensors + config + tokenizer with its chat template)."""
+Hugging Face directories (safetensors + config + tokenizer with its chat template).
+
+Safe loading: every model and tokenizer folder the pipeline reads goes through :func:`load_model` /
+:func:`load_tokenizer` (or :func:`load_pretrained`), which refuse, unless the caller trusts the folder
+(``llm-train --trust-remote-code``, passed down as ``trust_remote_code``), what loading could execute:
+
+- weights only as pickles (:data:`PICKLE_SUFFIXES`), since unpickling can run code — otherwise weights are
+  read with ``use_safetensors=True``; a trusted ``pytorch_model.bin`` still goes through transformers'
+  ``torch.load(weights_only=True)``;
+- an ``auto_map`` in ``config.json`` / ``tokenizer_config.json``, which points transformers at a ``.py``
+  file in the folder to import.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from llmpipe.config import ModelParams
-from llmpipe.errors import UserError
+from llmpipe.errors import UserError, root_cause
 from llmpipe.io import atomic_dir
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+"""Weight files `torch.load` would unpickle: loaded only from a trusted folder."""
+
+TRUST_FLAG = "--trust-remote-code"
+"""The `llm-train` flag that sets ``trust_remote_code`` (named in refusals)."""
 
 
 def build_model(cfg: ModelParams, tokenizer):
@@ -43,7 +62,97 @@ def build_model(cfg: ModelParams, tokenizer):
     return LlamaForCausalLM(config)
 
 
-def load_model(path: str | Path, what: str, num_labels: int | None = None):
+def read_config(path: Path) -> dict[str, Any]:
+    """A folder's JSON config (``config.json``, ``tokenizer_config.json``).
+
+    Raises:
+        UserError: The file is not UTF-8 JSON (names file, line and column) or not a JSON object.
+    """
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}: line {err.lineno}, column {err.colno}: not valid JSON ({err.msg}); fix the file or "
+                        "save the folder again") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8; fix the file or save the folder again") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    return config
+
+
+def _refuse_auto_map(config_path: Path, trust_remote_code: bool) -> None:
+    """Refuse a config whose ``auto_map`` names Python code, unless trusted."""
+    auto_map = read_config(config_path).get("auto_map")
+    if not auto_map or trust_remote_code:
+        return
+    refs = [r for v in (auto_map.values() if isinstance(auto_map, dict) else [auto_map])
+            for r in (v if isinstance(v, list) else [v]) if isinstance(r, str)]
+    files = sorted({r.split("--")[-1].rsplit(".", 1)[0] + ".py" for r in refs})
+    raise UserError(f"{config_path}: auto_map points transformers at Python code ({', '.join(files) or auto_map}) that "
+                    f"loading would run; pass {TRUST_FLAG} only if you trust this folder's source")
+
+
+def check_model_dir(path: str | Path, what: str, trust_remote_code: bool = False) -> None:
+    """Check a model folder before transformers reads it (see the module docstring).
+
+    Args:
+        path: A `save_pretrained` directory.
+        what: The fix to name when it is missing, e.g. "run the sft stage first (dvc repro sft)".
+        trust_remote_code: Let pickled weights and ``auto_map`` code through.
+
+    Raises:
+        UserError: No ``config.json``, a broken one, an untrusted ``auto_map``, no weights, or (untrusted)
+            weights only as pickles; the message names the file and the fix.
+    """
+    path = Path(path)
+    config = path / "config.json"
+    if not config.exists():
+        raise UserError(f"{path}: no model there; {what}")
+    _refuse_auto_map(config, trust_remote_code)
+    names = sorted(f.name for f in path.iterdir() if f.is_file())
+    if any(n.endswith(".safetensors") for n in names):
+        return
+    pickles = [n for n in names if Path(n).suffix in PICKLE_SUFFIXES]
+    if not pickles:
+        raise UserError(f"{path}: no weights (model.safetensors) beside config.json; {what}")
+    if not trust_remote_code:
+        raise UserError(
+            f"{path / pickles[0]}: weights only as a pickle ({', '.join(pickles)}), which can run code when loaded; "
+            f"save the model with safetensors (save_pretrained(dir, safe_serialization=True)), or pass {TRUST_FLAG} "
+            "only if you trust its source"
+        )
+
+
+def pretrained_kwargs(trust_remote_code: bool) -> dict[str, Any]:
+    """Keywords of every model `from_pretrained`: safetensors only unless trusted; pickles never unrestricted."""
+    return {
+        "use_safetensors": None if trust_remote_code else True,
+        "weights_only": True,
+        "trust_remote_code": trust_remote_code,
+    }
+
+
+def load_pretrained(auto_class, path: str | Path, what: str, trust_remote_code: bool = False, **kwargs):
+    """``auto_class.from_pretrained(path)`` after :func:`check_model_dir`, with :func:`pretrained_kwargs`.
+
+    Args:
+        auto_class: A transformers auto class, e.g. `AutoModelForSequenceClassification`.
+        path: A `save_pretrained` directory.
+        what: The fix to name when it is missing.
+        trust_remote_code: Let pickled weights and ``auto_map`` code through.
+        **kwargs: More `from_pretrained` keywords (e.g. ``num_labels``).
+
+    Raises:
+        UserError: The folder fails :func:`check_model_dir`, or transformers cannot load it (one line).
+    """
+    check_model_dir(path, what, trust_remote_code)
+    try:
+        return auto_class.from_pretrained(path, **pretrained_kwargs(trust_remote_code), **kwargs)
+    except (OSError, ValueError) as err:  # transformers' errors for folders it cannot read
+        raise UserError(f"{path}: cannot load the model: {root_cause(err)}") from None
+
+
+def load_model(path: str | Path, what: str, num_labels: int | None = None, trust_remote_code: bool = False):
     """Load a saved model from a directory: a causal LM, or with `num_labels` a sequence classifier.
 
     Args:
@@ -51,32 +160,57 @@ def load_model(path: str | Path, what: str, num_labels: int | None = None):
         what: The fix to name when it is missing, e.g. "run the sft stage first (dvc repro sft)".
         num_labels: Load `AutoModelForSequenceClassification` with this many outputs (1 for a reward model);
             from a causal LM the score head is new and initialised from the torch RNG, so seed first.
+        trust_remote_code: Let pickled weights and ``auto_map`` code through (``--trust-remote-code``).
 
     Raises:
-        UserError: The directory is missing (names the stage that makes it).
+        UserError: The directory is missing (names the stage that makes it), or is refused or unreadable
+            (see :func:`load_pretrained`).
     """
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    path = Path(path)
-    if not (path / "config.json").exists():
-        raise UserError(f"{path}: no model there; {what}")
     if num_labels is None:
-        return AutoModelForCausalLM.from_pretrained(path)
-    return AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels)
+        return load_pretrained(AutoModelForCausalLM, path, what, trust_remote_code)
+    return load_pretrained(AutoModelForSequenceClassification, path, what, trust_remote_code, num_labels=num_labels)
 
 
-def load_tokenizer(path: str | Path):
-    """Load the pipeline's tokenizer.
+def check_tokenizer_configs(path: Path, trust_remote_code: bool) -> None:
+    """Refuse a tokenizer folder whose ``tokenizer_config.json`` or ``config.json`` maps to code, unless trusted.
 
     Raises:
-        UserError: The tokenizer directory is missing.
+        UserError: A config is broken, or (untrusted) has an ``auto_map``.
+    """
+    for name in ("tokenizer_config.json", "config.json"):  # AutoTokenizer reads the auto_map of either
+        if (path / name).exists():
+            _refuse_auto_map(path / name, trust_remote_code)
+
+
+def load_tokenizer(
+    path: str | Path,
+    trust_remote_code: bool = False,
+    what: str = "run the tokenizer stage first (dvc repro tokenizer)",
+):
+    """Load the pipeline's tokenizer (or a model folder's).
+
+    Args:
+        path: A tokenizer `save_pretrained` directory.
+        trust_remote_code: Let an ``auto_map`` in ``tokenizer_config.json`` through (``--trust-remote-code``).
+        what: The fix to name when it is missing.
+
+    Raises:
+        UserError: The tokenizer directory is missing, its config is broken or maps to code (untrusted), or
+            transformers cannot load it.
     """
     from transformers import AutoTokenizer
 
     path = Path(path)
-    if not (path / "tokenizer_config.json").exists():
-        raise UserError(f"{path}: no tokenizer there; run the tokenizer stage first (dvc repro tokenizer)")
-    return AutoTokenizer.from_pretrained(path)
+    config = path / "tokenizer_config.json"
+    if not config.exists():
+        raise UserError(f"{path}: no tokenizer there; {what}")
+    check_tokenizer_configs(path, trust_remote_code)
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path}: cannot load the tokenizer: {root_cause(err)}") from None
 
 
 def save_model(model, tokenizer, final: str | Path, state_dict=None) -> None:

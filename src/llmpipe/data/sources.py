@@ -20,8 +20,8 @@ from typing import Any
 from llmpipe.config import DataParams, HFSourceParams
 from llmpipe.data.corpus import Corpus
 from llmpipe.data.splits import split_by_key
-from llmpipe.errors import UserError
-from llmpipe.io import read_jsonl
+from llmpipe.errors import UserError, root_cause
+from llmpipe.io import decode_line, read_jsonl
 
 FORMATS = {".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
 """File suffix → `datasets` loader. A .txt file is one document; jsonl/parquet hold one row per record."""
@@ -103,8 +103,8 @@ def count_records(file: Path, key: str) -> int:
     """Records in a data file (a .txt file is one document), checking every jsonl line parses.
 
     Raises:
-        UserError: The file is empty or holds no record, a jsonl line is not a JSON object (file:line), or a
-            parquet file cannot be read.
+        UserError: The file is empty or holds no record, a text or jsonl line is not UTF-8 or a jsonl line is not
+            a JSON object (file:line), or a parquet file cannot be read.
     """
     import pyarrow.parquet as pq
 
@@ -112,13 +112,18 @@ def count_records(file: Path, key: str) -> int:
         raise UserError(f"{key}: {file} is empty; remove it or add data")
     suffix = file.suffix.lower()
     if suffix == ".txt":
+        try:
+            with open(file, "rb") as fh:
+                for lineno, raw in enumerate(fh, 1):
+                    decode_line(raw, file, lineno)
+        except ValueError as err:
+            raise UserError(f"{key}: {err}") from None
         return 1
     if suffix == ".jsonl":
         try:
             num = len(read_jsonl(file))
-        except (ValueError, UnicodeDecodeError) as err:
-            where = f"{file}: " if isinstance(err, UnicodeDecodeError) else ""  # read_jsonl's own errors say file:line
-            raise UserError(f"{key}: {where}{err}") from None
+        except ValueError as err:  # read_jsonl's errors name the file and line
+            raise UserError(f"{key}: {err}") from None
     else:
         try:
             num = pq.read_metadata(file).num_rows
@@ -159,14 +164,6 @@ def load_rows(files: DataFiles, cache_dir: str) -> tuple[list[Row], list[str]]:
     return [Row(src, num, values) for (src, num), values in zip(where, ds.to_list())], list(ds.column_names)
 
 
-def root_cause(err: BaseException) -> str:
-    """The innermost exception of a chain, on one line (``datasets`` wraps the useful one), at most 400 chars."""
-    while (err.__cause__ or err.__context__) is not None:
-        err = err.__cause__ or err.__context__
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text[:400]}"
-
-
 def _require(columns: list[str], needed: Iterable[str], files: DataFiles, shape: str) -> None:
     missing = [c for c in needed if c not in columns]
     if missing:
@@ -178,6 +175,8 @@ def _require(columns: list[str], needed: Iterable[str], files: DataFiles, shape:
 
 def _messages(value: Any, role: str, where: str, column: str) -> list[dict[str, str]]:
     """A string as one `role` message, or a validated list of ``{role, content}`` messages."""
+    if value is None:
+        raise UserError(f"{where}: `{column}` is missing (or null); give it a string or a list of {{role, content}}")
     if isinstance(value, str) and value.strip():
         return [{"role": role, "content": value}]
     ok = isinstance(value, list) and value and all(
@@ -192,10 +191,11 @@ def _messages(value: Any, role: str, where: str, column: str) -> list[dict[str, 
 
 
 def pretrain_documents(files: DataFiles, rows: list[Row], columns: list[str], max_chars: int) -> list[dict[str, Any]]:
-    """Documents ``{"text", "source"}`` (cut at `max_chars`); whitespace-only texts are dropped.
+    """Documents ``{"text", "source"}`` (cut at `max_chars`).
 
     Raises:
-        UserError: jsonl/parquet without a `text` column, or a row whose `text` is not a string.
+        UserError: jsonl/parquet without a `text` column, or a row whose `text` is not a string or is empty
+            (whitespace only: in users' own files that is an export gone wrong, not a document).
     """
     _require(columns, ["text"], files, "pretraining data needs a `text` column in jsonl/parquet, or .txt files")
     docs = []
@@ -203,8 +203,9 @@ def pretrain_documents(files: DataFiles, rows: list[Row], columns: list[str], ma
         text = row.values["text"]
         if not isinstance(text, str):
             raise UserError(f"{row.where(files)}: `text` must be a string, got {type(text).__name__}")
-        if text.strip():
-            docs.append({"text": text[:max_chars], "source": row.source})
+        if not text.strip():
+            raise UserError(f"{row.where(files)}: `text` is empty (whitespace only); remove the row or give it text")
+        docs.append({"text": text[:max_chars], "source": row.source})
     return docs
 
 
@@ -227,8 +228,9 @@ def sft_rows(files: DataFiles, rows: list[Row], columns: list[str]) -> list[dict
             messages = _messages(v["prompt"], "user", where, "prompt") + _messages(
                 v["completion"], "assistant", where, "completion"
             )
-        if not any(m["role"] == "assistant" for m in messages):
-            raise UserError(f"{where}: no assistant message to learn from; add a {{role: assistant, content}} turn")
+        if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
+            raise UserError(f"{where}: no assistant message with content to learn from; add a "
+                            "{role: assistant, content} turn")
         out.append({"messages": messages, "name": f"{row.source}:{row.number}", "source": row.source})
     return out
 

@@ -83,14 +83,18 @@ def context_length(model_dir: Path, requested: int) -> int:
     return min(requested, limit)
 
 
-def evaluate(model_dir: str | Path, names: Sequence[str], manager, cfg: EvalParams) -> dict[str, float]:
+def evaluate(
+    model_dir: str | Path, names: Sequence[str], manager, cfg: EvalParams, trust_remote_code: bool = False
+) -> dict[str, float]:
     """Evaluate the model in `model_dir` on the tasks `names` with lm-eval.
 
     Args:
-        model_dir: A Hugging Face model directory (weights, config, tokenizer).
+        model_dir: A Hugging Face model directory (weights, config, tokenizer), checked by
+            `llmpipe.modeling.check_model_dir` first: lm-eval loads it with its own `from_pretrained`.
         names: Task names `manager` knows.
         manager: From :func:`task_manager`.
         cfg: ``eval`` params: `limit` documents per task, `batch_size`, `max_length` in tokens.
+        trust_remote_code: Passed to lm-eval's `HFLM` (``auto_map`` code runs only when true).
 
     Returns:
         ``{"<task>.<metric>": value}``, with ``<task>.<metric>_stderr`` where lm-eval computes one and
@@ -109,6 +113,7 @@ def evaluate(model_dir: str | Path, names: Sequence[str], manager, cfg: EvalPara
             max_length=context_length(model_dir, cfg.max_length),
             device="cuda" if torch.cuda.is_available() else "cpu",
             dtype="float32",
+            trust_remote_code=trust_remote_code,
         )
         results = simple_evaluate(
             model=lm,

@@ -30,6 +30,9 @@ ALIASES: dict[str, str] = {"lm": "pretrain"}
 
 TRAINING_TASKS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 
+LOADING_TASKS = ("tokenizer", "baseline", *TRAINING_TASKS, "evaluate")
+"""Tasks that load a model or tokenizer folder; their ``run`` takes ``trust_remote_code`` (`--trust-remote-code`)."""
+
 HAND_TASKS = ("regression",)
 """Tasks run by hand only, with no stage in dvc.yaml."""
 

@@ -35,23 +35,27 @@ def inputs(params: Params) -> list[Path]:
     return [Path(params.paths.data, "preference"), Path(params.paths.models, "sft"), Path(params.paths.tokenizer)]
 
 
-def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]:
+def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
     """Preference-tune models/sft on data/preference; save models/dpo. Returns losses, reward accuracy, steps.
 
     Args:
         params: Validated params.
         resume: The command line's resume choices (`llmpipe.checkpoints.open_run`).
+        trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
+            (``--trust-remote-code``).
     """
     from trl import DPOTrainer
 
     cfg = params.dpo
     data, base, _ = inputs(params)
-    tokenizer = load_tokenizer(params.paths.tokenizer)
+    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
     missing = "run the sft stage first (dvc repro sft)"
+    model = load_model(base, missing, trust_remote_code=trust_remote_code)  # before hashing base: names the fix
+    ref_model = load_model(base, missing, trust_remote_code=trust_remote_code)
     run = open_run(params, "dpo", inputs(params), resume)
     trainer = DPOTrainer(
-        model=load_model(base, missing),
-        ref_model=load_model(base, missing),
+        model=model,
+        ref_model=ref_model,
         args=dpo_config(params, run.path),
         train_dataset=load_split(data / "train.jsonl", COLUMNS, cfg.num_samples),
         eval_dataset=load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples),

@@ -15,32 +15,34 @@ from llmpipe.config import Params
 from llmpipe.errors import UserError
 from llmpipe.evaluation import harness
 from llmpipe.evaluation.tasks import render_tasks
-from llmpipe.modeling import load_tokenizer
+from llmpipe.modeling import check_model_dir, load_tokenizer
 
 log = logging.getLogger(__name__)
 
 
-def model_dir(params: Params, model: str) -> Path:
-    """The directory of `model`, checked.
+def model_dir(params: Params, model: str, trust_remote_code: bool = False) -> Path:
+    """The directory of `model`, checked (`llmpipe.modeling.check_model_dir`: lm-eval loads it by path).
 
     Raises:
-        UserError: `model` is not in ``eval.models``, or its directory holds no model yet.
+        UserError: `model` is not in ``eval.models``, or its directory holds no model yet or is refused
+            (pickled weights or ``auto_map`` code without `trust_remote_code`).
     """
     if model not in params.eval.models:
         raise UserError(f"--model {model}: not in eval.models ({', '.join(params.eval.models)}); "
                         "pick one of those or add it to eval.models in params.yaml")
     path = Path(params.paths.models, model)
-    if not (path / "config.json").exists():
-        raise UserError(f"{path}: no model there; run the stage that makes it first (dvc repro {model})")
+    check_model_dir(path, f"run the stage that makes it first (dvc repro {model})", trust_remote_code)
     return path
 
 
-def run(params: Params, model: str) -> dict[str, float]:
+def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str, float]:
     """Evaluate ``<paths.models>/<model>`` on ``eval.tasks``.
 
     Args:
         params: Validated params; reads ``paths`` and ``eval``.
         model: A name in ``eval.models``.
+        trust_remote_code: Load a model folder with pickled weights or ``auto_map`` code
+            (``--trust-remote-code``); passed on to lm-eval's loader.
 
     Returns:
         ``{"<task>.<metric>": value}`` (see :func:`llmpipe.evaluation.harness.flatten`), with
@@ -51,10 +53,10 @@ def run(params: Params, model: str) -> dict[str, float]:
         UserError: A bad model name, a missing model or eval set, or an unknown task name in ``eval.tasks``
             (raised before the model is loaded).
     """
-    path = model_dir(params, model)
+    path = model_dir(params, model, trust_remote_code)
     tasks = list(dict.fromkeys(params.eval.tasks))
     harness.check_llmpipe_names(tasks)
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path, trust_remote_code, what=f"rerun the {model} stage (it saves its tokenizer there)")
     with tempfile.TemporaryDirectory(prefix=f"llmpipe-eval-{model}-") as work:
         max_length = harness.context_length(path, params.eval.max_length)
         counts = render_tasks(
@@ -71,5 +73,5 @@ def run(params: Params, model: str) -> dict[str, float]:
         metrics |= {f"{name}.num_too_long": float(too_long) for name, (_, too_long) in counts.items()}
         if names:
             manager = harness.task_manager(names, work)
-            metrics |= harness.evaluate(path, names, manager, params.eval)
+            metrics |= harness.evaluate(path, names, manager, params.eval, trust_remote_code)
     return metrics

@@ -148,27 +148,33 @@ def inputs(params: Params) -> list[Path]:
     return [Path(params.paths.data, "sft"), Path(params.paths.models, params.grpo.policy), Path(params.paths.tokenizer)]
 
 
-def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]:
+def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
     """Train models/<grpo.policy> with GRPO on the SFT prompts; save models/grpo.
-
-    `resume` carries the command line's resume choices (`llmpipe.checkpoints.open_run`).
 
     Returns:
         The metrics of :func:`llmpipe.training.train_stage`, those of :func:`rl_metrics`, and ``eval_reward``
         (mean reward on the validation prompts at the end).
 
+    Args:
+        params: Validated params; reads ``paths``, ``grpo`` and ``distributed``.
+        resume: The command line's resume choices (`llmpipe.checkpoints.open_run`).
+        trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
+            (``--trust-remote-code``).
+
     Raises:
-        UserError: The policy model, the tokenizer or an SFT split is missing.
+        UserError: The policy model, the tokenizer or an SFT split is missing, or a folder is refused.
     """
     from trl import GRPOTrainer
 
     cfg = params.grpo
     data, base, _ = inputs(params)
-    tokenizer = load_tokenizer(params.paths.tokenizer)
+    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
+    missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
+    model = load_model(base, missing, trust_remote_code=trust_remote_code)  # before hashing base: names the fix
     run = open_run(params, "grpo", inputs(params), resume)
     reward_funcs, _ = trl_reward_functions(cfg.rewards)  # weights reach TRL through grpo_config
     trainer = GRPOTrainer(
-        model=load_model(base, f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"),
+        model=model,
         reward_funcs=reward_funcs,
         args=grpo_config(params, run.path),
         train_dataset=load_prompts(data / "train.jsonl", tokenizer, cfg.max_length, cfg.num_samples),

@@ -41,7 +41,14 @@ from llmpipe.data.loading import load_split
 from llmpipe.distributed.launch import check_world
 from llmpipe.errors import UserError
 from llmpipe.io import atomic_dir, write_json
-from llmpipe.modeling import count_parameters, load_model, load_tokenizer, save_model
+from llmpipe.modeling import (
+    check_model_dir,
+    count_parameters,
+    load_model,
+    load_pretrained,
+    load_tokenizer,
+    save_model,
+)
 from llmpipe.profiling import StepProfiler
 from llmpipe.rewards import compute_rewards
 from llmpipe.rl.ppo import (
@@ -161,17 +168,22 @@ class IndexStream:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
-def load_value_model(path: Path):
+REWARD_MISSING = "run the reward stage first (dvc repro reward)"
+
+
+def load_value_model(path: Path, trust_remote_code: bool = False):
     """A one-label `AutoModelForSequenceClassification` with a `score` head (what the reward stage saves).
 
+    Args:
+        path: The reward model folder.
+        trust_remote_code: Let pickled weights or ``auto_map`` code load (see `llmpipe.modeling`).
+
     Raises:
-        UserError: The folder is missing, or the model has more than one label or no `score` head.
+        UserError: The folder is missing or refused, or the model has more than one label or no `score` head.
     """
     from transformers import AutoModelForSequenceClassification
 
-    if not (path / "config.json").exists():
-        raise UserError(f"{path}: no model there; run the reward stage first (dvc repro reward)")
-    model = AutoModelForSequenceClassification.from_pretrained(path)
+    model = load_pretrained(AutoModelForSequenceClassification, path, REWARD_MISSING, trust_remote_code)
     if model.config.num_labels != 1 or not hasattr(model, "score"):
         raise UserError(f"{path}: expected a one-label sequence-classification model with a `score` head")
     return model
@@ -513,7 +525,9 @@ def _summary(history: list[dict[str, Any]], rollout_batch_size: int) -> dict[str
     }
 
 
-def _build(params: Params, tokenizer, train: Prompts, valid: Prompts, run_dir: Path) -> tuple[PPORun, int]:
+def _build(
+    params: Params, tokenizer, train: Prompts, valid: Prompts, run_dir: Path, trust_remote_code: bool = False
+) -> tuple[PPORun, int]:
     """Models, optimizer and schedule on an `Accelerator`, and the checkpointed state objects registered.
 
     Returns:
@@ -527,14 +541,15 @@ def _build(params: Params, tokenizer, train: Prompts, valid: Prompts, run_dir: P
     set_seed(cfg.seed)
     policy_dir = Path(paths.models, cfg.policy)
     missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
-    policy, ref_policy = load_model(policy_dir, missing), load_model(policy_dir, missing)
+    policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code)
+    ref_policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code)
     if cfg.max_length > policy.config.max_position_embeddings:
         raise UserError(
             f"ppo.max_length ({cfg.max_length}) exceeds the max_position_embeddings of {policy_dir} "
             f"({policy.config.max_position_embeddings}); lower it"
         )
-    value_model = load_value_model(Path(paths.models, "reward"))
-    reward_model = load_value_model(Path(paths.models, "reward")) if cfg.reward_model else None
+    value_model = load_value_model(Path(paths.models, "reward"), trust_remote_code)
+    reward_model = load_value_model(Path(paths.models, "reward"), trust_remote_code) if cfg.reward_model else None
     if params.distributed.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         value_model.gradient_checkpointing_enable()
@@ -607,10 +622,14 @@ def inputs(params: Params) -> list[Path]:
     return [*found, Path(paths.data, "pretrain")] if params.ppo.ptx_coef > 0 else found
 
 
-def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]:
+def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
     """PPO-train models/<policy> against models/reward and/or reward functions; save models/ppo.
 
-    `resume` carries the command line's resume choices (`llmpipe.checkpoints.open_run`).
+    Args:
+        params: Validated params; reads ``paths``, ``ppo``, ``profile`` and ``distributed``.
+        resume: The command line's resume choices (`llmpipe.checkpoints.open_run`).
+        trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
+            (``--trust-remote-code``).
 
     Returns:
         ``reward_first``/``reward_last`` (mean raw score over the first/last 10% of steps) with their standard
@@ -620,7 +639,7 @@ def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]
         `throughput.peak_memory_gb`), ``resumed_from_step`` (0 for a fresh run), ``num_parameters`` (policy).
 
     Raises:
-        UserError: Missing inputs, no prompt fits the token budget, a too long `max_length`, or a
+        UserError: Missing or refused inputs, no prompt fits the token budget, a too long `max_length`, or a
             compiled setup (not supported by this stage yet; a multi-process one is refused before launch,
             `llmpipe.distributed.launch.ONE_PROCESS_TASKS`).
     """
@@ -630,12 +649,15 @@ def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]
     if params.distributed.torch_compile:
         raise UserError("ppo does not support distributed.torch_compile yet; set it to false")
     data = Path(paths.data, "sft")
-    tokenizer = load_tokenizer(paths.tokenizer)
+    tokenizer = load_tokenizer(paths.tokenizer, trust_remote_code)
     budget = cfg.max_length - cfg.generation.max_new_tokens
     train = load_prompts(data / "train.jsonl", tokenizer, budget, cfg.num_samples)
     valid = load_prompts(data / "validation.jsonl", tokenizer, budget, cfg.max_eval_samples)
+    policy_dir, reward_dir = Path(paths.models, cfg.policy), Path(paths.models, "reward")
+    check_model_dir(policy_dir, f"run the {cfg.policy} stage first (dvc repro {cfg.policy})", trust_remote_code)
+    check_model_dir(reward_dir, REWARD_MISSING, trust_remote_code)  # before hashing them: names the fix
     run = open_run(params, "ppo", inputs(params), resume)
-    ppo, total_steps = _build(params, tokenizer, train, valid, run.path)
+    ppo, total_steps = _build(params, tokenizer, train, valid, run.path, trust_remote_code)
 
     state: dict[str, Any] = {"step": 0, "history": [], "log_history": []}
     if run.resume:

@@ -44,7 +44,7 @@ def run(params: Params) -> dict[str, float]:
     root = params.paths.out(params.paths.data)
     _check_inputs_outside(params.data, root)
     corpus = build_corpus(params.data)
-    _check_nonempty(corpus)
+    _check_nonempty(corpus, data_key(params.data))
     evals = eval_sets(corpus, params.data)
     write(root, corpus, evals, manifest(corpus, evals, params.data))
     return metrics(corpus, evals)
@@ -76,12 +76,21 @@ def _check_inputs_outside(data: DataParams, root: Path) -> None:
                                 f"(e.g. {root / 'raw'})")
 
 
-def _check_nonempty(corpus: Corpus) -> None:
+def data_key(data: DataParams) -> str:
+    """``<params key>: <value>`` of the pretraining text, for messages about it."""
+    if data.source == "local":
+        return f"data.local.pretrain: {data.local.pretrain}"
+    if data.source == "hf":
+        return f"data.hf.name: {data.hf.name}"
+    return "data.source: stdlib"
+
+
+def _check_nonempty(corpus: Corpus, where: str) -> None:
     counts = {s: len(corpus.pretrain[s]) for s in SPLITS}
     if not counts["train"]:
-        raise UserError(f"data.source {corpus.manifest['source']}: no documents with text; check the data paths")
+        raise UserError(f"{where}: no documents with text; check the data paths")
     if not all(counts.values()):
-        raise UserError(f"data.source {corpus.manifest['source']}: too few distinct documents to split ({counts}); "
+        raise UserError(f"{where}: too few distinct documents to split ({counts}); "
                         "give at least 3 so train, validation and test each get one")
 
 

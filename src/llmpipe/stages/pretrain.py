@@ -110,14 +110,17 @@ def inputs(params: Params) -> list[Path]:
     return [Path(params.paths.data, "pretrain"), Path(params.paths.tokenizer)]
 
 
-def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]:
+def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
     """Pretrain from random init; save models/pretrain. Returns losses, steps, tokens/s (see `train_stage`).
 
-    `resume` carries the command line's resume choices (`llmpipe.checkpoints.open_run`).
+    Args:
+        params: Validated params; reads ``paths``, ``model``, ``pretrain`` and ``distributed``.
+        resume: The command line's resume choices (`llmpipe.checkpoints.open_run`).
+        trust_remote_code: Load a tokenizer folder that maps to Python code (``--trust-remote-code``).
     """
     cfg = params.pretrain
     data, _ = inputs(params)
-    tokenizer = load_tokenizer(params.paths.tokenizer)
+    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
     if cfg.max_length > params.model.max_position_embeddings:
         raise UserError(
             f"pretrain.max_length ({cfg.max_length}) exceeds model.max_position_embeddings "

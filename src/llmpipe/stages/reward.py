@@ -105,10 +105,8 @@ def inputs(params: Params) -> list[Path]:
     return [Path(params.paths.data, "preference"), Path(params.paths.models, "sft"), Path(params.paths.tokenizer)]
 
 
-def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]:
+def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
     """Train a reward model from models/sft on data/preference; save models/reward; score the test pairs.
-
-    `resume` carries the command line's resume choices (`llmpipe.checkpoints.open_run`).
 
     A ``margin`` column in the preference data is passed to the loss when the first row has one.
 
@@ -117,19 +115,27 @@ def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]
         held-out pairs of ``data/preference/test.jsonl``: ``accuracy``, ``accuracy_<corruption>`` (swap, truncate,
         syntax on the default data), ``mean_margin``, ``num_pairs``.
 
+    Args:
+        params: Validated params; reads ``paths``, ``reward`` and ``distributed``.
+        resume: The command line's resume choices (`llmpipe.checkpoints.open_run`).
+        trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
+            (``--trust-remote-code``).
+
     Raises:
-        UserError: models/sft, the tokenizer or a preference split is missing.
+        UserError: models/sft, the tokenizer or a preference split is missing, or a folder is refused.
     """
     from transformers import set_seed
     from trl import RewardTrainer
 
     cfg = params.reward
     data, base, _ = inputs(params)
-    tokenizer = load_tokenizer(params.paths.tokenizer)
-    run = open_run(params, "reward", inputs(params), resume)
+    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
     set_seed(cfg.seed)  # the score head is initialised at load
+    missing = "run the sft stage first (dvc repro sft)"
+    model = load_model(base, missing, num_labels=1, trust_remote_code=trust_remote_code)  # before hashing base
+    run = open_run(params, "reward", inputs(params), resume)
     trainer = RewardTrainer(
-        model=load_model(base, "run the sft stage first (dvc repro sft)", num_labels=1),
+        model=model,
         args=reward_config(params, run.path),
         train_dataset=load_split(data / "train.jsonl", COLUMNS, cfg.num_samples, optional=("margin",)),
         eval_dataset=load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples, optional=("margin",)),

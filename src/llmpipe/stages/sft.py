@@ -31,20 +31,22 @@ def inputs(params: Params) -> list[Path]:
     return [Path(params.paths.data, "sft"), Path(params.paths.models, "pretrain"), Path(params.paths.tokenizer)]
 
 
-def run(params: Params, resume: ResumeRequest | None = None) -> dict[str, float]:
+def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
     """Fine-tune models/pretrain on data/sft; save models/sft. Returns losses, steps, tokens/s (see `train_stage`).
 
     Args:
         params: Validated params.
         resume: The command line's resume choices (`llmpipe.checkpoints.open_run`); None resumes the newest
             whole checkpoint of the same run.
+        trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
+            (``--trust-remote-code``).
     """
     from trl import SFTTrainer
 
     cfg = params.sft
     data, base, _ = inputs(params)
-    tokenizer = load_tokenizer(params.paths.tokenizer)
-    model = load_model(base, "run the pretrain stage first (dvc repro pretrain)")
+    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
+    model = load_model(base, "run the pretrain stage first (dvc repro pretrain)", trust_remote_code=trust_remote_code)
     run = open_run(params, "sft", inputs(params), resume)
     trainer = SFTTrainer(
         model=model,

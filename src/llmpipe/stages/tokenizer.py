@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from llmpipe.config import Params
-from llmpipe.errors import UserError
+from llmpipe.errors import UserError, root_cause
 from llmpipe.io import atomic_dir, read_jsonl
+from llmpipe.modeling import check_tokenizer_configs
 
 log = logging.getLogger(__name__)
 
@@ -76,18 +77,26 @@ def train_bpe(texts: Iterator[str], vocab_size: int, min_frequency: int, model_m
     return tok
 
 
-def load_pretrained(name_or_path: str, model_max_length: int):
+def load_pretrained(name_or_path: str, model_max_length: int, trust_remote_code: bool = False):
     """Load a named or local tokenizer; add a pad token and our chat template when it has none.
 
+    Args:
+        name_or_path: A hub name or a local folder.
+        model_max_length: Longest sequence in tokens the tokenizer reports.
+        trust_remote_code: Let a tokenizer whose config maps to Python code (``auto_map``) load.
+
     Raises:
-        UserError: The tokenizer cannot be found (offline, a hub name must already be in the local cache).
+        UserError: The tokenizer cannot be found (offline, a hub name must already be in the local cache), or a
+            local folder maps to code and is not trusted (names the config file and ``--trust-remote-code``).
     """
     from transformers import AutoTokenizer
 
+    if Path(name_or_path).is_dir():
+        check_tokenizer_configs(Path(name_or_path), trust_remote_code)
     try:
-        tok = AutoTokenizer.from_pretrained(name_or_path)
-    except OSError as err:
-        raise UserError(f"tokenizer.name_or_path: cannot load {name_or_path!r}: {err}") from None
+        tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise UserError(f"tokenizer.name_or_path: cannot load {name_or_path!r}: {root_cause(err)}") from None
     if tok.pad_token is None or tok.pad_token == tok.eos_token:
         tok.add_special_tokens({"pad_token": PAD})
     if tok.chat_template is None:
@@ -97,8 +106,13 @@ def load_pretrained(name_or_path: str, model_max_length: int):
     return tok
 
 
-def run(params: Params) -> dict[str, float]:
-    """Build the tokenizer and save it to ``paths.tokenizer``; returns vocab size and characters per token."""
+def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:
+    """Build the tokenizer and save it to ``paths.tokenizer``; returns vocab size and characters per token.
+
+    Args:
+        params: Validated params; reads ``paths`` and ``tokenizer``.
+        trust_remote_code: Let a pretrained tokenizer that maps to Python code load (``--trust-remote-code``).
+    """
     cfg = params.tokenizer
     data = Path(params.paths.data, "pretrain")
     if cfg.kind == "train":
@@ -107,7 +121,7 @@ def run(params: Params) -> dict[str, float]:
             raise UserError(f"{train_file}: missing; run the prepare stage first (dvc repro prepare)")
         tok = train_bpe(_texts(train_file), cfg.vocab_size, cfg.min_frequency, cfg.model_max_length)
     else:
-        tok = load_pretrained(cfg.name_or_path, cfg.model_max_length)
+        tok = load_pretrained(cfg.name_or_path, cfg.model_max_length, trust_remote_code)
     sample = [row["text"] for row in read_jsonl(data / "validation.jsonl")]
     n_chars = sum(len(t) for t in sample)
     n_tokens = sum(len(ids) for ids in tok(sample, verbose=False)["input_ids"])

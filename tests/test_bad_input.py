@@ -1,0 +1,508 @@
+"""Bad input anywhere — params, data files, model folders — fails before any output is touched.
+
+One table: each row sets up one mistake in a copy of a small, complete workspace (params.yaml, raw data, the
+prepared data, a trained tokenizer, tiny safetensors models and earlier metrics), runs ``llm-train`` in-process
+as DVC would (output root ``.``), and asserts that
+
+- the exit code is non-zero (2) and there is one ``llm-train: error:`` message, on one line (a params error
+  may list several keys on the lines after it),
+- the message names the location (params key path, file and line or row, model file) and the fix,
+- every file and folder of the workspace is byte-for-byte as before: no half-written output, no temp file.
+
+Then the safe-loading rules on their own: pickled weights and ``auto_map`` code are refused unless the
+caller trusts the folder, and with ``--trust-remote-code`` a ``pytorch_model.bin`` really loads (still
+through ``torch.load(weights_only=True)`` inside transformers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import ROOT, TINY_PARAMS, deep_merge
+
+from llmpipe import stages
+from llmpipe.cli import main
+from llmpipe.errors import UserError
+
+# TINY_PARAMS with users' own small data and a model small enough to save in milliseconds.
+BASE: dict[str, Any] = deep_merge(
+    yaml.safe_load(TINY_PARAMS),
+    {
+        "data": {"source": "local",
+                 "local": {"pretrain": "in/docs.jsonl", "sft": "in/sft.jsonl", "preference": "in/pref.jsonl"}},
+        "tokenizer": {"vocab_size": 300},
+        "model": {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+                  "intermediate_size": 32, "max_position_embeddings": 128},
+    },
+)
+
+
+def documents(n: int) -> list[dict[str, Any]]:
+    return [{"text": f"document {i}: " + "some words " * (i % 5 + 1)} for i in range(n)]
+
+
+def chats(n: int) -> list[dict[str, Any]]:
+    return [{"messages": [{"role": "user", "content": f"question {i}"},
+                          {"role": "assistant", "content": f"answer {i}"}]} for i in range(n)]
+
+
+def pairs(n: int) -> list[dict[str, Any]]:
+    return [{"prompt": f"prompt {i}", "chosen": f"good {i}", "rejected": f"bad {i}"} for i in range(n)]
+
+
+def jsonl(rows: list[Any]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def run_cli(argv: list[str]) -> int:
+    """`llm-train` in this process; argparse's own errors exit before `main` can return a code."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every folder and file under `root` (relative path → sha256 of its bytes; folders → "dir")."""
+    return {p.relative_to(root).as_posix(): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """`main` points the root logger at the captured stderr; give the next test its own handlers back."""
+    handlers = logging.getLogger().handlers[:]
+    yield
+    logging.getLogger().handlers[:] = handlers
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    """A complete small workspace: raw data in ``in/``, prepared ``data/``, ``artifacts/tokenizer``, tiny
+    safetensors models in ``models/{pretrain,sft,reward}`` and the metrics of the stages that made them."""
+    from transformers import AutoModelForSequenceClassification
+
+    from llmpipe.config import load_params
+    from llmpipe.modeling import build_model, load_tokenizer, save_model
+
+    root = tmp_path_factory.mktemp("workspace")
+    (root / "in").mkdir()
+    (root / "in" / "docs.jsonl").write_text(jsonl(documents(30)))
+    (root / "in" / "sft.jsonl").write_text(jsonl(chats(12)))
+    (root / "in" / "pref.jsonl").write_text(jsonl(pairs(12)))
+    (root / "params.yaml").write_text(yaml.safe_dump(BASE))
+    with contextlib.chdir(root):
+        assert main(["--task", "prepare"]) == 0
+        assert main(["--task", "tokenizer"]) == 0
+        params = load_params("params.yaml")
+        tok = load_tokenizer(params.paths.tokenizer)
+        for name in ("pretrain", "sft"):
+            save_model(build_model(params.model, tok), tok, Path("models", name))
+        reward = AutoModelForSequenceClassification.from_pretrained("models/sft", num_labels=1)
+        save_model(reward, tok, Path("models", "reward"))
+    logging.getLogger().handlers.clear()
+    return root
+
+
+# --- what a row sets up --------------------------------------------------------------------------------------
+
+
+def write(rel: str, content: str | bytes) -> Callable[[Path], None]:
+    """Write `content` to ``root/rel``."""
+
+    def setup(root: Path) -> None:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+
+    return setup
+
+
+def remove(rel: str) -> Callable[[Path], None]:
+    def setup(root: Path) -> None:
+        shutil.rmtree(root / rel)
+
+    return setup
+
+
+def empty_parquet(rel: str) -> Callable[[Path], None]:
+    def setup(root: Path) -> None:
+        pq.write_table(pa.table({"text": pa.array([], pa.string())}), root / rel)
+
+    return setup
+
+
+def pickled_weights(model: str, name: str = "pytorch_model.bin") -> Callable[[Path], None]:
+    """Replace the safetensors weights of ``models/<model>`` by the same tensors pickled with `torch.save`."""
+
+    def setup(root: Path) -> None:
+        import torch
+        from safetensors.torch import load_file
+
+        folder = root / "models" / model
+        state = load_file(folder / "model.safetensors")
+        (folder / "model.safetensors").unlink()
+        torch.save(state, folder / name)
+
+    return setup
+
+
+def auto_map(rel: str, auto_class: str) -> Callable[[Path], None]:
+    """Point `auto_class` in the JSON config ``root/rel`` at a Python file beside it that leaves a trace when run."""
+
+    def setup(root: Path) -> None:
+        path = root / rel
+        config = json.loads(path.read_text())
+        config["auto_map"] = {auto_class: "custom_code.Custom"}
+        path.write_text(json.dumps(config))
+        (path.parent / "custom_code.py").write_text("open('CODE_RAN', 'w').close()\n")
+
+    return setup
+
+
+def patch_json(rel: str, **entries: Any) -> Callable[[Path], None]:
+    def setup(root: Path) -> None:
+        path = root / rel
+        path.write_text(json.dumps({**json.loads(path.read_text()), **entries}))
+
+    return setup
+
+
+def copy(src: str, dest: str) -> Callable[[Path], None]:
+    def setup(root: Path) -> None:
+        shutil.copytree(root / src, root / dest)
+
+    return setup
+
+
+def chain(*setups: Callable[[Path], None]) -> Callable[[Path], None]:
+    def setup(root: Path) -> None:
+        for step in setups:
+            step(root)
+
+    return setup
+
+
+@dataclass(frozen=True)
+class Bad:
+    """One bad input: what to set up, which command to run, and what the message must say."""
+
+    task: str
+    expect: tuple[str, ...]
+    """Substrings of the error message: the location (key path, file:line, model file) and the fix."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Merged into :data:`BASE` to make params.yaml."""
+    params_text: str | None = None
+    """params.yaml verbatim instead."""
+    setup: Callable[[Path], None] | None = None
+    argv: tuple[str, ...] = ()
+    multiline: bool = False
+    """A params error may list one key per line."""
+
+
+def local(**paths: str) -> dict[str, Any]:
+    return {"data": {"local": paths}}
+
+
+CASES: dict[str, Bad] = {
+    # --- params.yaml and the command line ---
+    "params: unknown key, with the key meant": Bad(
+        "sft", ("params.yaml", "sft.lrr: unknown key; did you mean 'lr'?"), {"sft": {"lrr": 1e-4}}, multiline=True),
+    "params: wrong type": Bad("sft", ("params.yaml", "train.lr: Input should be a valid number", "'fast'"),
+                              {"train": {"lr": "fast"}}, multiline=True),
+    "params: out of range": Bad("dpo", ("dpo.beta: Input should be greater than 0", "(got -1)"),
+                                {"dpo": {"beta": -1}}, multiline=True),
+    "params: not one of the choices": Bad("sft", ("train.precision", "'bf16'", "'fp8'"),
+                                          {"train": {"precision": "fp8"}}, multiline=True),
+    "params: YAML syntax error": Bad(
+        "prepare", ("params.yaml: line 4, column 4: YAML syntax error", "flow sequence at line 3, column 9"),
+        params_text="train:\n  lr: 0.001\n  seed: [1, 2\nsft: {}\n"),
+    "params: top level not a mapping": Bad("prepare", ("params.yaml: the top level must be a mapping",),
+                                           params_text="- train\n- sft\n"),
+    "params: section not a mapping": Bad("sft", ("sft: Input should be a valid dictionary", "(got 3)"),
+                                         params_text="sft: 3\n", multiline=True),
+    "params: warmup_steps > max_steps": Bad(
+        "sft", ("sft.warmup_steps (10) exceeds sft.max_steps (5)", "lower sft.warmup_steps or raise sft.max_steps"),
+        {"sft": {"max_steps": 5, "warmup_steps": 10}}, multiline=True),
+    "params: inherited warmup_steps > a stage's max_steps": Bad(
+        "prepare", ("pretrain.warmup_steps (8) exceeds pretrain.max_steps (5)",),
+        {"train": {"warmup_steps": 8}, "pretrain": {"max_steps": 5}}, multiline=True),
+    "params: KV heads do not divide heads": Bad(
+        "pretrain", ("model.num_key_value_heads (3) must divide model.num_attention_heads (2)",),
+        {"model": {"num_key_value_heads": 3}}, multiline=True),
+    "params: heads do not divide hidden size": Bad(
+        "pretrain", ("model.num_attention_heads (4) must divide model.hidden_size (18)",),
+        {"model": {"hidden_size": 18, "num_attention_heads": 4}}, multiline=True),
+    "params: grpo group does not fit a generation round": Bad(
+        "grpo", ("grpo.per_device_train_batch_size (6)", "grpo.num_generations (4)"),
+        {"grpo": {"per_device_train_batch_size": 6}}, multiline=True),
+    "params: ppo without any reward": Bad(
+        "ppo", ("ppo has no reward: set ppo.reward_model to true or list ppo.rewards",),
+        {"ppo": {"reward_model": False, "rewards": []}}, multiline=True),
+    "params: ppo completion longer than max_length": Bad(
+        "ppo", ("ppo.generation.max_new_tokens (200)", "ppo.max_length (128)"),
+        {"ppo": {"generation": {"max_new_tokens": 200}}}, multiline=True),
+    "params: unknown reward name": Bad(
+        "grpo", ("grpo.rewards.0.name", "'parsable_prefix'", "'is_good'"),
+        {"grpo": {"rewards": [{"name": "is_good", "weight": 1.0}]}}, multiline=True),
+    "params: dpo loss weights do not match loss types": Bad(
+        "dpo", ("dpo.loss_weights has 1 entries but dpo.loss_type has 2",),
+        {"dpo": {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0]}}, multiline=True),
+    "params: local source without a pretraining path": Bad(
+        "prepare", ("data.local.pretrain is not set",), local(pretrain=None), multiline=True),
+    "params: no such params file": Bad(
+        "prepare", ("nowhere.yaml: no such params file", "--config-path"), argv=("--config-path", "nowhere.yaml")),
+    "cli: --lr not a number": Bad("sft", ("argument --lr: invalid float value: 'abc'",), argv=("--lr", "abc")),
+    "cli: --lr out of range": Bad("sft", ("sft.lr: Input should be greater than 0", "came from the command line"),
+                                  argv=("--lr", "-1"), multiline=True),
+    "cli: unknown task": Bad("sftt", ("unknown task 'sftt'", "registered tasks: prepare"),),
+    "cli: evaluate a model not in eval.models": Bad(
+        "evaluate", ("--model nope: not in eval.models", "add it to eval.models"), argv=("--model", "nope")),
+    "cli: --trust-remote-code where nothing is loaded": Bad(
+        "prepare", ("--trust-remote-code: --task prepare loads no model", "drop the flag"),
+        argv=("--trust-remote-code",)),
+    # --- data files (prepare) ---
+    "data: missing path": Bad("prepare", ("data.local.pretrain: in/nowhere.jsonl does not exist",),
+                              local(pretrain="in/nowhere.jsonl")),
+    "data: empty folder": Bad("prepare", ("data.local.pretrain: folder in/empty has no data files",),
+                              local(pretrain="in/empty"), setup=lambda root: (root / "in" / "empty").mkdir()),
+    "data: empty file": Bad("prepare", ("data.local.sft: in/empty.jsonl is empty",), local(sft="in/empty.jsonl"),
+                            setup=write("in/empty.jsonl", "")),
+    "data: broken jsonl line": Bad(
+        "prepare", ("data.local.pretrain: in/bad.jsonl:3: not valid JSON", "fix or remove that line"),
+        local(pretrain="in/bad.jsonl"), setup=write("in/bad.jsonl", jsonl(documents(2)) + '{"text": "x"\n')),
+    "data: jsonl line not an object": Bad(
+        "prepare", ("data.local.preference: in/bad.jsonl:2: expected a JSON object, got list",),
+        local(preference="in/bad.jsonl"), setup=write("in/bad.jsonl", jsonl(pairs(1)) + "[1, 2]\n")),
+    "data: non-UTF-8 bytes in jsonl": Bad(
+        "prepare", ("data.local.pretrain: in/latin1.jsonl:2: not UTF-8", "save the file as UTF-8"),
+        local(pretrain="in/latin1.jsonl"),
+        setup=write("in/latin1.jsonl", jsonl(documents(1)).encode() + '{"text": "café"}\n'.encode("latin-1"))),
+    "data: non-UTF-8 bytes in a text file": Bad(
+        "prepare", ("data.local.pretrain: in/texts/b.txt:3: not UTF-8",), local(pretrain="in/texts"),
+        setup=chain(write("in/texts/a.txt", "fine\n"), write("in/texts/b.txt", b"one\ntwo\nthr\xe9e\n"))),
+    "data: empty document in jsonl": Bad(
+        "prepare", ("data.local.pretrain: in/docs2.jsonl row 3: `text` is empty", "remove the row"),
+        local(pretrain="in/docs2.jsonl"),
+        setup=write("in/docs2.jsonl", jsonl(documents(2) + [{"text": "  \n "}] + documents(5)))),
+    "data: blank text file": Bad(
+        "prepare", ("data.local.pretrain: in/texts/blank.txt row 1: `text` is empty",), local(pretrain="in/texts"),
+        setup=chain(*(write(f"in/texts/{i}.txt", f"story {i}\n") for i in range(4)),
+                    write("in/texts/blank.txt", "\n  \n"))),
+    "data: text of the wrong type": Bad(
+        "prepare", ("data.local.pretrain: in/ints.jsonl row 2: `text` must be a string, got int",),
+        local(pretrain="in/ints.jsonl"), setup=write("in/ints.jsonl", jsonl([{"text": "a"}, {"text": 5}]))),
+    "data: no text column": Bad(
+        "prepare", ("data.local.pretrain: in/body.jsonl has no column `text` (found: body)",),
+        local(pretrain="in/body.jsonl"), setup=write("in/body.jsonl", jsonl([{"body": "x"}]))),
+    "data: sft messages without an assistant turn": Bad(
+        "prepare", ("data.local.sft: in/sft2.jsonl row 2: no assistant message",), local(sft="in/sft2.jsonl"),
+        setup=write("in/sft2.jsonl", jsonl(chats(1) + [{"messages": [{"role": "user", "content": "q"}]}]))),
+    "data: sft assistant turn with no content": Bad(
+        "prepare", ("data.local.sft: in/sft2.jsonl row 1: no assistant message",), local(sft="in/sft2.jsonl"),
+        setup=write("in/sft2.jsonl", jsonl([{"messages": [{"role": "user", "content": "q"},
+                                                           {"role": "assistant", "content": " "}]}]))),
+    "data: sft messages as a string": Bad(
+        "prepare", ("in/sft2.jsonl row 1: `messages` must be a list",), local(sft="in/sft2.jsonl"),
+        setup=write("in/sft2.jsonl", jsonl([{"messages": "hello"}]))),
+    "data: sft message content of the wrong type": Bad(
+        "prepare", ("in/sft2.jsonl row 1: `messages` must be",), local(sft="in/sft2.jsonl"),
+        setup=write("in/sft2.jsonl", jsonl([{"messages": [{"role": "user", "content": 5}]}]))),
+    "data: sft prompt without completion": Bad(
+        "prepare", ("data.local.sft: in/sft2.jsonl has no column `completion`", "`messages`"),
+        local(sft="in/sft2.jsonl"), setup=write("in/sft2.jsonl", jsonl([{"prompt": "q", "answer": "a"}]))),
+    "data: preference data without rejected": Bad(
+        "prepare", ("data.local.preference: in/pref2.jsonl has no column `rejected`",),
+        local(preference="in/pref2.jsonl"), setup=write("in/pref2.jsonl", jsonl([{"prompt": "p", "chosen": "c"}]))),
+    "data: a pair without rejected": Bad(
+        "prepare", ("data.local.preference: in/pref2.jsonl row 2: `rejected` is missing",),
+        local(preference="in/pref2.jsonl"),
+        setup=write("in/pref2.jsonl", jsonl(pairs(1) + [{"prompt": "p", "chosen": "c"}]))),
+    "data: a pair with an empty chosen": Bad(
+        "prepare", ("in/pref2.jsonl row 1: `chosen` must be a non-empty string",), local(preference="in/pref2.jsonl"),
+        setup=write("in/pref2.jsonl", jsonl([{"prompt": "p", "chosen": "", "rejected": "r"}]))),
+    "data: empty parquet": Bad("prepare", ("data.local.pretrain: in/none.parquet has no records",),
+                               local(pretrain="in/none.parquet"), setup=empty_parquet("in/none.parquet")),
+    "data: not a parquet file": Bad("prepare", ("in/junk.parquet is not a readable parquet file",),
+                                    local(pretrain="in/junk.parquet"), setup=write("in/junk.parquet", "junk")),
+    "data: unsupported suffix": Bad("prepare", ("in/docs.csv has an unsupported suffix", ".jsonl"),
+                                    local(pretrain="in/docs.csv"), setup=write("in/docs.csv", "text\nx\n")),
+    "data: mixed formats in one folder": Bad(
+        "prepare", ("data.local.pretrain: in/mixed mixes formats (json, text)",), local(pretrain="in/mixed"),
+        setup=chain(write("in/mixed/a.jsonl", jsonl(documents(3))), write("in/mixed/b.txt", "x\n"))),
+    "data: too few documents to split": Bad(
+        "prepare", ("data.local.pretrain: in/two.jsonl", "too few distinct documents"),
+        local(pretrain="in/two.jsonl"), setup=write("in/two.jsonl", jsonl(documents(2)))),
+    "data: input inside an output folder": Bad(
+        "prepare", ("data.local.pretrain: data/pretrain/train.jsonl is inside data/pretrain", "move it elsewhere"),
+        local(pretrain="data/pretrain/train.jsonl")),
+    "data: hub dataset without the text field": Bad(
+        "prepare", ("data.hf.text_field", "no column `story` (found: text)"),
+        {"data": {"source": "hf", "hf": {"name": "in/docs.jsonl", "text_field": "story"}}}),
+    "data: prepared split missing for a training stage": Bad(
+        "sft", ("data/sft: missing input of this stage", "dvc repro"), setup=remove("data/sft")),
+    # --- model and tokenizer folders ---
+    "model: missing base model names the stage to run": Bad(
+        "sft", ("models/pretrain: no model there", "dvc repro pretrain"), setup=remove("models/pretrain")),
+    "model: dpo's missing base model": Bad("dpo", ("models/sft: no model there", "dvc repro sft"),
+                                           setup=remove("models/sft")),
+    "model: reward's missing base model": Bad("reward", ("models/sft: no model there", "dvc repro sft"),
+                                              setup=remove("models/sft")),
+    "model: ppo's missing reward model": Bad("ppo", ("models/reward: no model there", "dvc repro reward"),
+                                             setup=remove("models/reward")),
+    "model: weights only as pytorch_model.bin": Bad(
+        "sft", ("models/pretrain/pytorch_model.bin", "pickle", "safetensors", "--trust-remote-code"),
+        setup=pickled_weights("pretrain")),
+    "model: weights only as .pt": Bad("dpo", ("models/sft/model.pt", "--trust-remote-code"),
+                                      setup=pickled_weights("sft", "model.pt")),
+    "model: weights only as .pkl": Bad("grpo", ("models/sft/weights.pkl", "--trust-remote-code"),
+                                       setup=pickled_weights("sft", "weights.pkl")),
+    "model: ppo's reward model as .bin": Bad("ppo", ("models/reward/pytorch_model.bin", "--trust-remote-code"),
+                                             setup=pickled_weights("reward")),
+    "model: evaluate a .bin model": Bad("evaluate", ("models/sft/pytorch_model.bin", "--trust-remote-code"),
+                                        argv=("--model", "sft"), setup=pickled_weights("sft")),
+    "model: config.json maps to code (auto_map)": Bad(
+        "sft", ("models/pretrain/config.json", "auto_map", "custom_code.py", "--trust-remote-code"),
+        setup=auto_map("models/pretrain/config.json", "AutoModelForCausalLM")),
+    "model: evaluate a model with auto_map": Bad(
+        "evaluate", ("models/sft/config.json", "auto_map", "--trust-remote-code"), argv=("--model", "sft"),
+        setup=auto_map("models/sft/config.json", "AutoModelForCausalLM")),
+    "model: corrupt config.json": Bad("sft", ("models/pretrain/config.json: line 1", "not valid JSON"),
+                                      setup=write("models/pretrain/config.json", '{"model_type": "llama",')),
+    "model: config.json without a model type": Bad(
+        "sft", ("models/pretrain: cannot load the model",), setup=write("models/pretrain/config.json", "{}")),
+    "model: config but no weights": Bad("dpo", ("models/sft: no weights", "model.safetensors"),
+                                        setup=lambda root: (root / "models/sft/model.safetensors").unlink()),
+    "tokenizer: missing": Bad("sft", ("artifacts/tokenizer: no tokenizer there", "dvc repro tokenizer"),
+                              setup=remove("artifacts/tokenizer")),
+    "tokenizer: auto_map in tokenizer_config.json": Bad(
+        "pretrain", ("artifacts/tokenizer/tokenizer_config.json", "auto_map", "--trust-remote-code"),
+        setup=auto_map("artifacts/tokenizer/tokenizer_config.json", "AutoTokenizer")),
+    "tokenizer: corrupt tokenizer_config.json": Bad(
+        "baseline", ("artifacts/tokenizer/tokenizer_config.json: line 2", "not valid JSON"),
+        setup=write("artifacts/tokenizer/tokenizer_config.json", '{\n  "x": }\n')),
+    "tokenizer: pretrained folder with auto_map": Bad(
+        "tokenizer", ("in/tok/tokenizer_config.json", "auto_map", "--trust-remote-code"),
+        {"tokenizer": {"kind": "pretrained", "name_or_path": "in/tok"}},
+        setup=chain(copy("artifacts/tokenizer", "in/tok"), auto_map("in/tok/tokenizer_config.json", "AutoTokenizer"))),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
+def test_bad_input_fails_with_the_location_and_leaves_outputs_untouched(case, template, tmp_path, monkeypatch, capsys):
+    root = tmp_path / "workspace"
+    shutil.copytree(template, root)
+    if case.params_text is not None:
+        (root / "params.yaml").write_text(case.params_text)
+    else:
+        (root / "params.yaml").write_text(yaml.safe_dump(deep_merge(BASE, case.params)))
+    if case.setup:
+        case.setup(root)
+    monkeypatch.chdir(root)
+    before = snapshot(root)
+
+    code = run_cli(["--task", case.task, *case.argv])
+
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert err.count("llm-train: error: ") == 1, err[-3000:]
+    message = err[err.index("llm-train: error: "):].rstrip("\n")
+    assert "Traceback" not in err
+    if not case.multiline:
+        assert "\n" not in message, message
+    for part in case.expect:
+        assert part in message, f"{part!r} not in:\n{message}"
+    assert snapshot(root) == before, "the failed run changed the workspace"
+
+
+def test_the_table_covers_params_data_and_models():
+    kinds = [name.split(":")[0] for name in CASES]
+    assert len(CASES) >= 30
+    assert kinds.count("data") >= 10 and kinds.count("model") + kinds.count("tokenizer") >= 10
+    assert kinds.count("params") + kinds.count("cli") >= 10
+
+
+def test_a_pickled_model_is_refused_by_the_cli_as_dvc_runs_it(template, tmp_path, offline_env):
+    """One row of the table as a real process: one stderr line, exit 2, nothing written."""
+    root = tmp_path / "workspace"
+    shutil.copytree(template, root)
+    pickled_weights("pretrain")(root)
+    before = snapshot(root)
+    env = {**offline_env, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "llmpipe.cli", "--task", "sft"], check=False, cwd=root, env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("llm-train: error: ")]
+    assert errors == [proc.stderr.splitlines()[-1]] and "models/pretrain/pytorch_model.bin" in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert snapshot(root) == before
+
+
+# --- safe loading on its own -----------------------------------------------------------------------------------
+
+
+def test_trusted_pickled_weights_load_and_equal_the_saved_ones(template, tmp_path):
+    """--trust-remote-code lets a pytorch_model.bin past our check; transformers loads it (weights_only=True)."""
+    import torch
+
+    from llmpipe.modeling import load_model
+
+    shutil.copytree(template / "models", tmp_path / "models")
+    safe = load_model(tmp_path / "models" / "pretrain", "unused")
+    pickled_weights("pretrain")(tmp_path)
+    with pytest.raises(UserError, match=r"pytorch_model\.bin.*--trust-remote-code"):
+        load_model(tmp_path / "models" / "pretrain", "unused")
+    trusted = load_model(tmp_path / "models" / "pretrain", "unused", trust_remote_code=True)
+    for (name, a), (_, b) in zip(safe.state_dict().items(), trusted.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_trust_lets_auto_map_past_the_check_and_asks_transformers_for_it(template, tmp_path):
+    """With trust, our check passes an auto_map folder and transformers is told trust_remote_code=True (it then
+    imports the mapped file itself; that import is transformers' code path, not exercised here)."""
+    from llmpipe.modeling import check_model_dir, pretrained_kwargs
+
+    shutil.copytree(template / "models" / "sft", tmp_path / "sft")
+    auto_map("sft/config.json", "AutoModelForCausalLM")(tmp_path)
+    with pytest.raises(UserError, match="auto_map"):
+        check_model_dir(tmp_path / "sft", "unused", trust_remote_code=False)
+    check_model_dir(tmp_path / "sft", "unused", trust_remote_code=True)
+    assert pretrained_kwargs(False) == {"use_safetensors": True, "weights_only": True, "trust_remote_code": False}
+    assert pretrained_kwargs(True) == {"use_safetensors": None, "weights_only": True, "trust_remote_code": True}
+
+
+def test_safetensors_beside_a_pickle_loads_the_safetensors(template, tmp_path):
+    """A folder with both formats (common on the hub) needs no trust: only model.safetensors is read."""
+    import torch
+
+    from llmpipe.modeling import load_model
+
+    folder = tmp_path / "sft"
+    shutil.copytree(template / "models" / "sft", folder)
+    torch.save({"not": torch.zeros(1)}, folder / "pytorch_model.bin")
+    load_model(folder, "unused")
+
+
+def test_every_loading_stage_takes_the_trust_flag():
+    """`llm-train --trust-remote-code` passes it to exactly the tasks that load a model or tokenizer folder."""
+    for task in stages.TASKS:
+        takes = "trust_remote_code" in inspect.signature(stages.runner(task)).parameters
+        assert takes == (task in stages.LOADING_TASKS), task
