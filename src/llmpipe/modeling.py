@@ -7,6 +7,7 @@ from pathlib import Path
 
 from llmpipe.config import ModelParams
 from llmpipe.errors import UserError
+from llmpipe.guards import check_pad_token
 from llmpipe.io import atomic_dir
 
 
@@ -66,17 +67,20 @@ def load_model(path: str | Path, what: str, num_labels: int | None = None):
 
 
 def load_tokenizer(path: str | Path):
-    """Load the pipeline's tokenizer.
+    """Load the pipeline's tokenizer (or a model directory's), checked for a pad token distinct from eos.
 
     Raises:
-        UserError: The tokenizer directory is missing.
+        UserError: The tokenizer directory is missing, or its pad token is missing or is the eos token
+            (`llmpipe.guards.check_pad_token`).
     """
     from transformers import AutoTokenizer
 
     path = Path(path)
     if not (path / "tokenizer_config.json").exists():
         raise UserError(f"{path}: no tokenizer there; run the tokenizer stage first (dvc repro tokenizer)")
-    return AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    check_pad_token(tokenizer, path)
+    return tokenizer
 
 
 def save_model(model, tokenizer, final: str | Path, state_dict=None) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
+from llmpipe.guards import check_same_tokenizer
 from llmpipe.modeling import load_model, load_tokenizer
 from llmpipe.rewards import trl_reward_functions
 from llmpipe.training import checkpoint_dir, tensorboard_callback, train_stage, training_kwargs
@@ -150,7 +151,8 @@ def run(params: Params) -> dict[str, float]:
         (mean reward on the validation prompts at the end).
 
     Raises:
-        UserError: The policy model, the tokenizer or an SFT split is missing.
+        UserError: The policy model, the tokenizer or an SFT split is missing, or the policy was trained with
+            another tokenizer.
     """
     from trl import GRPOTrainer
 
@@ -160,8 +162,10 @@ def run(params: Params) -> dict[str, float]:
     tokenizer = load_tokenizer(params.paths.tokenizer)
     run_dir = checkpoint_dir(params, "grpo", [data, base, Path(params.paths.tokenizer)])
     reward_funcs, _ = trl_reward_functions(cfg.rewards)  # weights reach TRL through grpo_config
+    model = load_model(base, f"run the {cfg.policy} stage first (dvc repro {cfg.policy})")
+    check_same_tokenizer(base, tokenizer, params.paths.tokenizer)
     trainer = GRPOTrainer(
-        model=load_model(base, f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"),
+        model=model,
         reward_funcs=reward_funcs,
         args=grpo_config(params, run_dir),
         train_dataset=load_prompts(data / "train.jsonl", tokenizer, cfg.max_length, cfg.num_samples),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
+from llmpipe.guards import check_same_tokenizer, preference_signal
 from llmpipe.modeling import load_model, load_tokenizer
 from llmpipe.training import checkpoint_dir, tensorboard_callback, train_stage, training_kwargs
 
@@ -107,10 +108,13 @@ def run(params: Params) -> dict[str, float]:
     Returns:
         The training metrics of :func:`llmpipe.training.train_stage`, plus those of :func:`pairwise_metrics` on the
         held-out pairs of ``data/preference/test.jsonl``: ``accuracy``, ``accuracy_<corruption>`` (swap, truncate,
-        syntax on the default data), ``mean_margin``, ``num_pairs``.
+        syntax on the default data), ``mean_margin``, ``num_pairs``; and per split (``_eval`` for validation)
+        ``num_too_long`` (pairs longer than ``reward.max_length``, left out by TRL) and ``num_identical_pairs``
+        (chosen == rejected token for token).
 
     Raises:
-        UserError: models/sft, the tokenizer or a preference split is missing.
+        UserError: models/sft, the tokenizer or a preference split is missing; models/sft was trained with
+            another tokenizer; more than half of the training pairs (or every validation pair) identical.
     """
     from transformers import set_seed
     from trl import RewardTrainer
@@ -121,15 +125,22 @@ def run(params: Params) -> dict[str, float]:
     tokenizer = load_tokenizer(params.paths.tokenizer)
     run_dir = checkpoint_dir(params, "reward", [data, base, Path(params.paths.tokenizer)])
     set_seed(cfg.seed)  # the score head is initialised at load
+    model = load_model(base, "run the sft stage first (dvc repro sft)", num_labels=1)
+    check_same_tokenizer(base, tokenizer, params.paths.tokenizer)
+    train = load_split(data / "train.jsonl", COLUMNS, cfg.num_samples, optional=("margin",))
+    valid = load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples, optional=("margin",))
     trainer = RewardTrainer(
-        model=load_model(base, "run the sft stage first (dvc repro sft)", num_labels=1),
+        model=model,
         args=reward_config(params, run_dir),
-        train_dataset=load_split(data / "train.jsonl", COLUMNS, cfg.num_samples, optional=("margin",)),
-        eval_dataset=load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples, optional=("margin",)),
+        train_dataset=train,
+        eval_dataset=valid,
         processing_class=tokenizer,
         callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "reward", "tensorboard"))],
     )
+    counts = preference_signal("reward", "train", len(train), trainer.train_dataset, cfg.max_length, truncates=False)
+    counts |= preference_signal("reward", "eval", len(valid), trainer.eval_dataset, cfg.max_length, truncates=False)
     metrics = train_stage(trainer, params, "reward", run_dir, tokenizer)
+    metrics.update(counts)
     trainer.accelerator.wait_for_everyone()  # rank 0 has saved the model
     saved = load_model(params.paths.out(params.paths.models, "reward"), "the reward stage did not save it", num_labels=1)
     test = load_split(data / "test.jsonl", COLUMNS, optional=("corruption",))
