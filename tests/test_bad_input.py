@@ -358,7 +358,7 @@ CASES: dict[str, Bad] = {
         "prepare", ("data.hf.text_field", "no column `story` (found: text)"),
         {"data": {"source": "hf", "hf": {"name": "in/docs.jsonl", "text_field": "story"}}}),
     "data: prepared split missing for a training stage": Bad(
-        "sft", ("data/sft: missing input of this stage", "dvc repro"), setup=remove("data/sft")),
+        "sft", ("data/sft/train.jsonl: missing", "dvc repro prepare"), setup=remove("data/sft")),
     # --- model and tokenizer folders ---
     "model: missing base model names the stage to run": Bad(
         "sft", ("models/pretrain: no model there", "dvc repro pretrain"), setup=remove("models/pretrain")),

@@ -122,6 +122,8 @@ def test_evaluate_reports_every_metric_finite(cli_metrics):
     # eval.limit caps every task (each set has 4 rows), and the CLI adds the wall time.
     assert {cli_metrics[f"{t}.num_docs"] for t in LOCAL_TASKS} == {3}
     assert cli_metrics["wall_time_s"] > 0
+    # llmpipe tasks leave documents longer than the context out, so lm-eval has nothing to cut.
+    assert cli_metrics["num_truncated_requests"] == 0
     # Byte perplexity and bits per byte are one number in two units.
     assert cli_metrics["llmpipe_perplexity.byte_perplexity"] == pytest.approx(
         2 ** cli_metrics["llmpipe_perplexity.bits_per_byte"], rel=1e-6)

@@ -25,6 +25,8 @@ def test_reward_stage_trains_saves_and_scores_held_out_pairs(tiny_sft, monkeypat
         rows = list(csv.DictReader(fh))
     assert rows and all(math.isfinite(float(r["loss"])) for r in rows), "loss logged and finite"
     assert metrics["steps"] == params.reward.max_steps
+    # The stdlib pairs differ token for token; reward.max_length (128) leaves the longer ones out, and says how many.
+    assert metrics["num_identical_pairs"] == 0 and metrics["num_too_long"] > 0
 
     from transformers import AutoModelForSequenceClassification, set_seed
 

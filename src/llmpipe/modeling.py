@@ -20,6 +20,7 @@ from typing import Any
 
 from llmpipe.config import ModelParams
 from llmpipe.errors import UserError, root_cause
+from llmpipe.guards import check_pad_token
 from llmpipe.io import atomic_dir
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -189,7 +190,7 @@ def load_tokenizer(
     trust_remote_code: bool = False,
     what: str = "run the tokenizer stage first (dvc repro tokenizer)",
 ):
-    """Load the pipeline's tokenizer (or a model folder's).
+    """Load the pipeline's tokenizer (or a model folder's), checked for a pad token distinct from eos.
 
     Args:
         path: A tokenizer `save_pretrained` directory.
@@ -197,8 +198,9 @@ def load_tokenizer(
         what: The fix to name when it is missing.
 
     Raises:
-        UserError: The tokenizer directory is missing, its config is broken or maps to code (untrusted), or
-            transformers cannot load it.
+        UserError: The tokenizer directory is missing, its config is broken or maps to code (untrusted),
+            transformers cannot load it, or its pad token is missing or is the eos token
+            (`llmpipe.guards.check_pad_token`).
     """
     from transformers import AutoTokenizer
 
@@ -208,9 +210,11 @@ def load_tokenizer(
         raise UserError(f"{path}: no tokenizer there; {what}")
     check_tokenizer_configs(path, trust_remote_code)
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise UserError(f"{path}: cannot load the tokenizer: {root_cause(err)}") from None
+    check_pad_token(tokenizer, path)
+    return tokenizer
 
 
 def save_model(model, tokenizer, final: str | Path, state_dict=None) -> None:

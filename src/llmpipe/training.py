@@ -20,7 +20,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from llmpipe.checkpoints import PREFIX, Run, rotate
+from llmpipe.checkpoints import PREFIX, Run, newest_whole, rotate
 from llmpipe.config import Params, TrainParams
 from llmpipe.distributed.agreement import ranks_agree
 from llmpipe.distributed.launch import check_world, is_main_process
@@ -122,6 +122,7 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
         "ddp_find_unused_parameters": False,  # every parameter of our models gets a gradient each step
         "use_cpu": not torch.cuda.is_available(),
         "include_num_input_tokens_seen": True,
+        "logging_nan_inf_filter": False,  # a NaN step loss must reach NonFiniteLossGuard, not be averaged away
         "report_to": "none",
         "disable_tqdm": False,
     }
@@ -244,6 +245,67 @@ class FirstStepLog(TrainerCallback):
             log.info("%s: first step done (step %d)", self._stage, state.global_step)
 
 
+class NonFiniteLossGuard(TrainerCallback):
+    """Trainer callback that stops a run at the first step whose loss or gradient is NaN or inf, before any
+    checkpoint of that step is written, naming the step.
+
+    In each optimizer step the Trainer calls `on_pre_optimizer_step` (gradients clipped, not yet applied), steps
+    the optimizer, calls `on_step_end`, then logs (`on_log`), evaluates (`on_log` again) and writes a checkpoint
+    (`on_save` comes only after it is written: too late). So the guard checks:
+
+    - at `on_pre_optimizer_step`, the gradient norm: a NaN/inf gradient is refused before the optimizer writes it
+      into the weights (skipped under fp16, whose grad scaler skips such steps itself and lowers its scale; and
+      under DeepSpeed, which keeps gradients off ``param.grad``);
+    - at `on_step_end`, the loss summed since the last log line (`Trainer._tr_loss`): a loss of 0/0, e.g. a
+      batch whose labels are all masked, is NaN with zero gradients. `training_kwargs` turns the Trainer's
+      ``logging_nan_inf_filter`` off, which would otherwise replace a NaN step loss by the window's mean;
+    - at `on_log`, the logged ``loss`` and ``eval_loss`` (the fallback where `_tr_loss` does not exist).
+
+    Raising from a callback ends `Trainer.train`, so `train_stage` saves no final model either; the newest
+    checkpoint on disk is from before the bad step, and the error names it.
+
+    Args:
+        trainer: The trainer this guard is added to (read for its accumulated loss).
+        stage: The stage name, for the message and the keys it names.
+
+    Raises:
+        UserError: From the hooks, at the first non-finite value.
+    """
+
+    def __init__(self, trainer, stage: str) -> None:
+        self._trainer, self._stage = trainer, stage
+
+    def _stop(self, args, step: int, what: str) -> None:
+        s = self._stage
+        raise UserError(
+            f"{s}: {what} at step {step}; training stopped, and no checkpoint of that step is written (newest kept: "
+            f"{newest_whole(Path(args.output_dir)) or 'none'}). Lower {s}.lr, keep {s}.max_grad_norm > 0, try "
+            f"{s}.precision: fp32, or look for batches whose labels are all masked"
+        )
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        import torch
+
+        if args.fp16 or model is None:
+            return
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # this rank's shard under FSDP
+        if grads:
+            norm = torch.nn.utils.get_total_norm(grads).item()
+            if not math.isfinite(norm):
+                self._stop(args, state.global_step + 1, f"the gradient norm is {norm} (not applied)")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        loss = getattr(self._trainer, "_tr_loss", None)
+        if loss is not None and not math.isfinite(float(loss)):
+            self._stop(args, state.global_step, f"the training loss is {float(loss)}")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        for key in ("loss", "eval_loss"):
+            if key in (logs or {}) and not math.isfinite(logs[key]):
+                self._stop(args, state.global_step, f"the logged {key} is {logs[key]}")
+
+
 TRAIN_COLUMNS = ("step", "epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "num_input_tokens_seen")
 """The first columns of ``train.csv``; every other key a stage logs per step follows, sorted."""
 
@@ -317,6 +379,7 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
     ledger.attach(trainer)
     trainer.add_callback(RotateCheckpoints(params.stage(stage).save_total_limit))
     trainer.add_callback(FirstStepLog(stage))
+    trainer.add_callback(NonFiniteLossGuard(trainer, stage))
     if (at := kill_at_step()) is not None:
         trainer.add_callback(KillAtStep(at))
     result = trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)

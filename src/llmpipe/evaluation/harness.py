@@ -98,15 +98,18 @@ def evaluate(
 
     Returns:
         ``{"<task>.<metric>": value}``, with ``<task>.<metric>_stderr`` where lm-eval computes one and
-        ``<task>.num_docs`` (documents scored). See :func:`flatten`.
+        ``<task>.num_docs`` (documents scored), see :func:`flatten`; and ``num_truncated_requests``: lm-eval
+        requests (one per document and choice) whose input was longer than the context and was cut from the
+        left to fit (`counting.CountingHFLM`), over all tasks; logged as a warning when not 0.
     """
     import torch
     from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
+
+    from llmpipe.evaluation.counting import CountingHFLM
 
     model_dir = Path(model_dir)
     with quiet_lm_eval():
-        lm = HFLM(
+        lm = CountingHFLM(
             pretrained=str(model_dir),
             tokenizer=str(model_dir),
             batch_size=cfg.batch_size,
@@ -127,7 +130,12 @@ def evaluate(
             torch_random_seed=SEED,
             fewshot_random_seed=SEED,
         )
-    return flatten(results)
+    if lm.num_truncated:
+        log.warning("%s: %d lm-eval requests of tasks %s were longer than %d tokens and cut from the left to fit "
+                    "(their scores are of cut inputs); raise eval.max_length (up to the model's "
+                    "max_position_embeddings) or leave such tasks out", model_dir, lm.num_truncated,
+                    ", ".join(names), lm.max_length)
+    return {**flatten(results), "num_truncated_requests": float(lm.num_truncated)}
 
 
 def flatten(results: dict[str, Any]) -> dict[str, float]:

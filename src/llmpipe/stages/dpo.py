@@ -1,5 +1,11 @@
 """`dpo` stage: Direct Preference Optimization (Rafailov et al. 2023) of models/sft on preference pairs
-with TRL's `DPOTrainer`; the SFT model is the frozen reference."""
+with TRL's `DPOTrainer`; the SFT model is the frozen reference.
+
+TRL drops pairs whose prompt fills ``dpo.max_length`` and cuts the rest to it, so a rejected body that
+differs from the chosen one only after the cut becomes the same sequence: no preference left, no gradient.
+The stage counts both kinds per split, reports them in its metrics, and refuses to train when they are too
+many (`llmpipe.guards.preference_signal`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from pathlib import Path
 from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
+from llmpipe.guards import check_same_tokenizer, preference_signal
 from llmpipe.modeling import load_model, load_tokenizer
 from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
 
@@ -43,6 +50,15 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
         resume: The command line's resume choices (`llmpipe.checkpoints.open_run`).
         trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
             (``--trust-remote-code``).
+
+    Returns:
+        The metrics of :func:`llmpipe.training.train_stage`, ``eval_reward_accuracy`` and ``eval_reward_margin``,
+        and per split (``_eval`` for validation) ``num_fully_truncated`` (pairs dropped: the prompt fills
+        ``dpo.max_length``) and ``num_identical_pairs`` (chosen == rejected within ``dpo.max_length`` tokens).
+
+    Raises:
+        UserError: Missing or refused inputs; models/sft was trained with another tokenizer; more than half of the
+            training pairs (or every validation pair) dropped or identical (names ``dpo.max_length``).
     """
     from trl import DPOTrainer
 
@@ -51,18 +67,23 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
     missing = "run the sft stage first (dvc repro sft)"
     model = load_model(base, missing, trust_remote_code=trust_remote_code)  # before hashing base: names the fix
-    ref_model = load_model(base, missing, trust_remote_code=trust_remote_code)
+    check_same_tokenizer(base, tokenizer, params.paths.tokenizer)
     run = open_run(params, "dpo", inputs(params), resume)
+    train = load_split(data / "train.jsonl", COLUMNS, cfg.num_samples)
+    valid = load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples)
     trainer = DPOTrainer(
         model=model,
-        ref_model=ref_model,
+        ref_model=load_model(base, missing, trust_remote_code=trust_remote_code),
         args=dpo_config(params, run.path),
-        train_dataset=load_split(data / "train.jsonl", COLUMNS, cfg.num_samples),
-        eval_dataset=load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples),
+        train_dataset=train,
+        eval_dataset=valid,
         processing_class=tokenizer,
         callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "dpo", "tensorboard"))],
     )
+    counts = preference_signal("dpo", "train", len(train), trainer.train_dataset, cfg.max_length, truncates=True)
+    counts |= preference_signal("dpo", "eval", len(valid), trainer.eval_dataset, cfg.max_length, truncates=True)
     metrics = train_stage(trainer, params, "dpo", run, tokenizer)
+    metrics.update(counts)
     final = [r for r in trainer.state.log_history if "eval_rewards/accuracies" in r]
     if final:
         metrics["eval_reward_accuracy"] = round(float(final[-1]["eval_rewards/accuracies"]), 4)

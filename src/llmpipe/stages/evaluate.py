@@ -47,7 +47,9 @@ def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str
     Returns:
         ``{"<task>.<metric>": value}`` (see :func:`llmpipe.evaluation.harness.flatten`), with
         ``<task>.num_docs`` for every llmpipe task; 0 means its evaluation set was empty (e.g.
-        ``llmpipe_signature_mc`` on non-stdlib data) and the task was skipped.
+        ``llmpipe_signature_mc`` on non-stdlib data) and the task was skipped. Inputs longer than the context are
+        never cut silently: ``<task>.num_too_long`` counts the llmpipe task documents left out, and
+        ``num_truncated_requests`` the requests lm-eval cut to fit (standard lm-eval tasks).
 
     Raises:
         UserError: A bad model name, a missing model or eval set, or an unknown task name in ``eval.tasks``

@@ -19,6 +19,7 @@ from typing import Any
 from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
+from llmpipe.guards import check_same_tokenizer
 from llmpipe.modeling import load_model, load_tokenizer
 from llmpipe.rewards import trl_reward_functions
 from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
@@ -162,7 +163,8 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
             (``--trust-remote-code``).
 
     Raises:
-        UserError: The policy model, the tokenizer or an SFT split is missing, or a folder is refused.
+        UserError: The policy model, the tokenizer or an SFT split is missing, a folder is refused, or the policy
+            was trained with another tokenizer.
     """
     from trl import GRPOTrainer
 
@@ -171,6 +173,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
     missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
     model = load_model(base, missing, trust_remote_code=trust_remote_code)  # before hashing base: names the fix
+    check_same_tokenizer(base, tokenizer, params.paths.tokenizer)
     run = open_run(params, "grpo", inputs(params), resume)
     reward_funcs, _ = trl_reward_functions(cfg.rewards)  # weights reach TRL through grpo_config
     trainer = GRPOTrainer(

@@ -35,11 +35,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from llmpipe.checkpoints import PREFIX, ResumeRequest, open_run, rotate
+from llmpipe.checkpoints import PREFIX, ResumeRequest, newest_whole, open_run, rotate
 from llmpipe.config import Params, PPOParams
 from llmpipe.data.loading import load_split
 from llmpipe.distributed.launch import check_world
 from llmpipe.errors import UserError
+from llmpipe.guards import check_same_tokenizer
 from llmpipe.io import atomic_dir, write_json
 from llmpipe.modeling import (
     check_model_dir,
@@ -402,7 +403,12 @@ class PPORun:
         return out
 
     def update(self, data: dict[str, Tensor]) -> dict[str, float]:
-        """`num_ppo_epochs` × `num_mini_batches` optimizer steps on a rollout; returns mean losses and stats."""
+        """`num_ppo_epochs` × `num_mini_batches` optimizer steps on a rollout; returns mean losses and stats.
+
+        Raises:
+            FloatingPointError: A micro-batch loss or a gradient norm is NaN or inf; raised before its backward
+                pass or optimizer step, so the models keep the weights of the last good update.
+        """
         cfg, acc = self.cfg, self.accelerator
         sums: dict[str, float] = {}
         count = 0
@@ -414,14 +420,18 @@ class PPORun:
                     rows = order[mini][micro]
                     with acc.autocast():
                         losses = self._micro_losses(data, rows)
+                    values = {k: v.item() for k, v in losses.items()}
+                    _raise_if_not_finite(values)
                     acc.backward(losses["loss"] / cfg.gradient_accumulation_steps)
-                    for k, v in losses.items():
-                        sums[k] = sums.get(k, 0.0) + v.item()
+                    for k, v in values.items():
+                        sums[k] = sums.get(k, 0.0) + v
                     count += 1
                 acc.unscale_gradients()
                 max_norm = cfg.max_grad_norm or math.inf
-                norms.append(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_norm).item())
-                torch.nn.utils.clip_grad_norm_(self.value_model.parameters(), max_norm)
+                policy_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_norm).item()
+                value_norm = torch.nn.utils.clip_grad_norm_(self.value_model.parameters(), max_norm).item()
+                _raise_if_not_finite({"policy gradient norm": policy_norm, "value gradient norm": value_norm})
+                norms.append(policy_norm)
                 self.optimizer.step()
                 self.optimizer.zero_grad()
         stats = {k: v / count for k, v in sums.items()}
@@ -459,6 +469,13 @@ class PPORun:
             "eval_reward": torch.cat(scores).mean().item(),
             "eval_response_length": torch.cat(lengths).mean().item(),
         }
+
+
+def _raise_if_not_finite(values: dict[str, float]) -> None:
+    """Raise FloatingPointError naming every entry of `values` (losses, gradient norms) that is NaN or inf."""
+    bad = [f"{k} {v}" for k, v in values.items() if not math.isfinite(v)]
+    if bad:
+        raise FloatingPointError(", ".join(bad))
 
 
 def _optimizer(params: Params, run_dir: Path, models: list) -> torch.optim.Optimizer:
@@ -532,6 +549,10 @@ def _build(
 
     Returns:
         The run and its number of PPO steps.
+
+    Raises:
+        UserError: A model is missing or was trained with another tokenizer than ``paths.tokenizer``, or
+            ``ppo.max_length`` exceeds the policy's context.
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -549,6 +570,8 @@ def _build(
             f"({policy.config.max_position_embeddings}); lower it"
         )
     value_model = load_value_model(Path(paths.models, "reward"), trust_remote_code)
+    for model_dir in (policy_dir, Path(paths.models, "reward")):
+        check_same_tokenizer(model_dir, tokenizer, paths.tokenizer)
     reward_model = load_value_model(Path(paths.models, "reward"), trust_remote_code) if cfg.reward_model else None
     if params.distributed.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
@@ -583,12 +606,24 @@ def _train(
 ) -> None:
     """PPO steps from ``state["step"]`` to `total_steps`: log every `logging_steps` (window means), evaluate
     every `eval_steps`, checkpoint every `save_steps`, and all three at the last step; step `profiler` (if any)
-    after every PPO step."""
+    after every PPO step.
+
+    Raises:
+        UserError: A loss or gradient norm turned NaN/inf (names the step; no checkpoint of that step is written).
+    """
     cfg = run.cfg
     steps_per_epoch = len(run.train.ids) / run.rollout_batch_size
     kill_at = kill_at_step()
     while state["step"] < total_steps:
-        state["history"].append(run.step())
+        try:
+            state["history"].append(run.step())
+        except FloatingPointError as err:
+            raise UserError(
+                f"ppo: {err} at step {state['step'] + 1}; stopped before applying it, and no checkpoint of that step "
+                f"is written (newest kept: {newest_whole(run_dir) or 'none'}); lower ppo.lr, keep "
+                "ppo.max_grad_norm > 0, try ppo.precision: fp32, or check models/reward (it scores the completions "
+                "and the value model starts from it)"
+            ) from None
         state["step"] += 1
         maybe_kill(state["step"], kill_at)
         if profiler is not None:

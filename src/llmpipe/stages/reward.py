@@ -15,6 +15,7 @@ from pathlib import Path
 from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
+from llmpipe.guards import check_same_tokenizer, preference_signal
 from llmpipe.modeling import load_model, load_tokenizer
 from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
 
@@ -113,7 +114,9 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     Returns:
         The training metrics of :func:`llmpipe.training.train_stage`, plus those of :func:`pairwise_metrics` on the
         held-out pairs of ``data/preference/test.jsonl``: ``accuracy``, ``accuracy_<corruption>`` (swap, truncate,
-        syntax on the default data), ``mean_margin``, ``num_pairs``.
+        syntax on the default data), ``mean_margin``, ``num_pairs``; and per split (``_eval`` for validation)
+        ``num_too_long`` (pairs longer than ``reward.max_length``, left out by TRL) and ``num_identical_pairs``
+        (chosen == rejected token for token).
 
     Args:
         params: Validated params; reads ``paths``, ``reward`` and ``distributed``.
@@ -122,7 +125,9 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
             (``--trust-remote-code``).
 
     Raises:
-        UserError: models/sft, the tokenizer or a preference split is missing, or a folder is refused.
+        UserError: models/sft, the tokenizer or a preference split is missing, or a folder is refused; models/sft
+            was trained with another tokenizer; more than half of the training pairs (or every validation pair)
+            identical.
     """
     from transformers import set_seed
     from trl import RewardTrainer
@@ -133,16 +138,22 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     set_seed(cfg.seed)  # the score head is initialised at load
     missing = "run the sft stage first (dvc repro sft)"
     model = load_model(base, missing, num_labels=1, trust_remote_code=trust_remote_code)  # before hashing base
+    check_same_tokenizer(base, tokenizer, params.paths.tokenizer)
     run = open_run(params, "reward", inputs(params), resume)
+    train = load_split(data / "train.jsonl", COLUMNS, cfg.num_samples, optional=("margin",))
+    valid = load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples, optional=("margin",))
     trainer = RewardTrainer(
         model=model,
         args=reward_config(params, run.path),
-        train_dataset=load_split(data / "train.jsonl", COLUMNS, cfg.num_samples, optional=("margin",)),
-        eval_dataset=load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples, optional=("margin",)),
+        train_dataset=train,
+        eval_dataset=valid,
         processing_class=tokenizer,
         callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "reward", "tensorboard"))],
     )
+    counts = preference_signal("reward", "train", len(train), trainer.train_dataset, cfg.max_length, truncates=False)
+    counts |= preference_signal("reward", "eval", len(valid), trainer.eval_dataset, cfg.max_length, truncates=False)
     metrics = train_stage(trainer, params, "reward", run, tokenizer)
+    metrics.update(counts)
     trainer.accelerator.wait_for_everyone()  # rank 0 has saved the model
     saved = load_model(params.paths.out(params.paths.models, "reward"), "the reward stage did not save it", num_labels=1)
     test = load_split(data / "test.jsonl", COLUMNS, optional=("corruption",))

@@ -1,0 +1,275 @@
+"""Checks that turn silent training failures into errors (or loud warnings) naming the key or file to fix.
+
+Each failure here trains or evaluates without any crash, and shows only as a number that is quietly wrong:
+
+- a sample whose prompt fills ``max_length`` keeps no completion token, so no label (TRL drops it from SFT and
+  DPO without a word; a batch of only such samples has a loss of 0/0): :func:`count_fully_truncated`,
+  :func:`check_no_signal`, :class:`MaskedBatchGuard`;
+- a pad token equal to eos (collators that mask padding by id mask the eos too, and the model never learns
+  to stop), or none at all: :func:`check_pad_token`;
+- a stage's input model trained with another tokenizer or chat template than ``paths.tokenizer``:
+  :func:`check_same_tokenizer`;
+- preference pairs whose chosen and rejected sequences are the same tokens after truncation (no preference
+  left to learn): :func:`count_identical_pairs`.
+
+NaN/inf losses are caught by `llmpipe.training.NonFiniteLossGuard` (Trainer stages) and in the ppo stage's loop;
+lm-eval's silent truncation of long inputs is counted by `llmpipe.evaluation.counting`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from llmpipe.errors import UserError
+
+log = logging.getLogger(__name__)
+
+MAX_NO_SIGNAL_FRACTION = 0.5
+"""Largest share of a training split that may carry no learning signal (no completion token left after
+truncation, or chosen == rejected) before a stage refuses to train.
+
+Some such samples are normal: a few prompts of real data are longer than any sensible ``max_length`` (3% of
+the default stdlib SFT pairs at ``max_length`` 256; 26% with the tests' tiny tokenizer at 128), and they cost
+only their share of the data, so below the limit the stage trains and warns with the count. Above it, most of
+the run would learn nothing: ``max_length`` is far below the data's lengths, a misconfiguration to fix, not
+to train through. Validation splits are small (``max_eval_samples``), so for them only "every sample" is an
+error (the validation loss would be undefined or meaningless)."""
+
+PROBE = "def f(x):\n    return x  # héllo, wörld 🙂 \t<s> </s>"
+"""Text encoded by both tokenizers of :func:`check_same_tokenizer`: code, non-ASCII and special-token text."""
+
+
+def check_pad_token(tokenizer, path: str | Path) -> None:
+    """Refuse a tokenizer with no pad token, or whose pad token is its eos token.
+
+    With pad == eos, collators that mask padding by id (transformers' `DataCollatorForLanguageModeling`,
+    generation padding) mask every eos too: the model never sees the end of a turn as a target and never
+    learns to stop, and nothing fails.
+
+    Args:
+        tokenizer: A loaded tokenizer.
+        path: Where it was loaded from (named in the message).
+
+    Raises:
+        UserError: No pad token, no eos token, or pad id == eos id; names `path` and the fix.
+    """
+    fix = ("give it a distinct pad token: rebuild it with the tokenizer stage (dvc repro tokenizer), which adds "
+           "'<pad>' to a tokenizer that has none or shares it with eos")
+    if tokenizer.eos_token_id is None:
+        raise UserError(f"{path}: the tokenizer has no eos token; training needs one to end each sequence; "
+                        "rebuild it with the tokenizer stage (dvc repro tokenizer)")
+    if tokenizer.pad_token_id is None:
+        raise UserError(f"{path}: the tokenizer has no pad token, so batches cannot be padded; {fix}")
+    if tokenizer.pad_token_id == tokenizer.eos_token_id:
+        raise UserError(
+            f"{path}: the pad token is the eos token ({tokenizer.eos_token!r}, id {tokenizer.eos_token_id}): padding "
+            f"is masked out of the labels, so the eos would be too and the model would never learn to stop; {fix}"
+        )
+
+
+def _sha(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def tokenizer_digest(tokenizer) -> dict[str, str]:
+    """Short hashes of what makes two tokenizers encode alike, one per part.
+
+    Returns:
+        ``vocab`` (the backend's model — vocabulary and merges — normalizer, pre-tokenizer and added tokens;
+        for a tokenizer without a `tokenizers` backend, its vocabulary), ``special_tokens`` (bos/eos/pad/unk
+        text and ids), ``chat_template``, and ``probe``: the ids of :data:`PROBE` encoded plain and as a
+        user + assistant chat.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        state = json.loads(backend.to_str())
+        vocab = {k: state.get(k) for k in ("model", "normalizer", "pre_tokenizer", "added_tokens")}
+    else:
+        vocab = sorted(tokenizer.get_vocab().items())
+    special = {f"{k}_token": [getattr(tokenizer, f"{k}_token"), getattr(tokenizer, f"{k}_token_id")]
+               for k in ("bos", "eos", "pad", "unk")}
+    probe: list[Any] = [tokenizer(PROBE, add_special_tokens=False)["input_ids"]]
+    if tokenizer.chat_template:
+        chat = [{"role": "user", "content": PROBE}, {"role": "assistant", "content": PROBE}]
+        probe.append(tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"])
+    return {"vocab": _sha(vocab), "special_tokens": _sha(special), "chat_template": _sha(tokenizer.chat_template),
+            "probe": _sha(probe)}
+
+
+def check_same_tokenizer(model_dir: str | Path, tokenizer, tokenizer_dir: str | Path) -> None:
+    """Refuse a stage's input model whose tokenizer or chat template is not the pipeline's.
+
+    Every stage saves its tokenizer beside its model (`modeling.save_model`), so a model directory says which
+    tokenizer it was trained with. A model from before a tokenizer change reads the same ids as other text
+    (or renders chats in another format) and trains on without an error. A directory without tokenizer files
+    is checked only for an embedding large enough for the pipeline's vocabulary.
+
+    Args:
+        model_dir: The input model directory (e.g. ``models/sft``).
+        tokenizer: The pipeline tokenizer, loaded from `tokenizer_dir`.
+        tokenizer_dir: ``paths.tokenizer``.
+
+    Raises:
+        UserError: The two differ (the message names both paths, the parts that differ — vocab,
+            special_tokens, chat_template, probe — and the fix), or the model's ``vocab_size`` is smaller than
+            the tokenizer's.
+    """
+    from transformers import AutoTokenizer
+
+    model_dir = Path(model_dir)
+    fix = (f"rerun the stages after the tokenizer (dvc repro), or point paths.tokenizer at the tokenizer "
+           f"{model_dir} was trained with")
+    config = model_dir / "config.json"
+    vocab_size = json.loads(config.read_text()).get("vocab_size") if config.exists() else None
+    if vocab_size is not None and vocab_size < len(tokenizer):
+        raise UserError(f"{model_dir} has {vocab_size} embedding rows but {tokenizer_dir} has {len(tokenizer)} "
+                        f"tokens: the model was trained with another tokenizer; {fix}")
+    if not (model_dir / "tokenizer_config.json").exists():
+        log.warning("%s: no tokenizer saved beside the model; cannot check it matches %s", model_dir, tokenizer_dir)
+        return
+    own = tokenizer_digest(AutoTokenizer.from_pretrained(model_dir))
+    ours = tokenizer_digest(tokenizer)
+    differ = [k for k in ours if own[k] != ours[k]]
+    if differ:
+        raise UserError(f"{model_dir} and {tokenizer_dir} are different tokenizers (they differ in: "
+                        f"{', '.join(differ)}): {model_dir} was trained with another tokenizer or chat template; {fix}")
+
+
+def count_fully_truncated(conversations: Iterable[list[dict]], tokenizer, max_length: int | None,
+                          assistant_only_loss: bool) -> int:
+    """Number of chat samples with no label left in their first `max_length` tokens.
+
+    Renders each conversation as TRL's `SFTTrainer` does (the chat template, with the ``{% generation %}``
+    assistant mask when `assistant_only_loss`); a sample is fully truncated when no assistant token is among
+    its first `max_length` tokens (TRL truncates with ``keep_start``), so every label is -100. Without
+    `assistant_only_loss` every token is a label and only an empty sample counts.
+
+    Args:
+        conversations: ``messages`` lists.
+        tokenizer: The stage's tokenizer (chat template with a generation mask).
+        max_length: The stage's ``max_length`` in tokens; None = no truncation.
+        assistant_only_loss: The stage's ``assistant_only_loss``.
+    """
+    count = 0
+    for messages in conversations:
+        out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=assistant_only_loss)
+        labels = out["assistant_masks"] if assistant_only_loss else [1] * len(out["input_ids"])
+        count += 1 not in labels[:max_length]
+    return count
+
+
+def check_no_signal(count: int, total: int, what: str, fix: str, training: bool = True) -> None:
+    """Warn about `count` of `total` samples that carry no learning signal; refuse too many.
+
+    The rule (see :data:`MAX_NO_SIGNAL_FRACTION`): a training split may hold up to half such samples
+    (a warning with the count and `fix`); more, or all of a validation split, is an error.
+
+    Args:
+        count: Samples without signal.
+        total: Samples in the split.
+        what: What they are, e.g. ``"sft: training samples with no completion token within sft.max_length=64"``.
+        fix: The key to change and how, e.g. ``"raise sft.max_length"``.
+        training: A training split (else a validation split).
+
+    Raises:
+        UserError: Too many (the message gives the counts and `fix`).
+    """
+    if count == 0:
+        return
+    message = f"{what}: {count} of {total} ({count / total:.0%})"
+    too_many = count > MAX_NO_SIGNAL_FRACTION * total if training else count == total
+    if too_many:
+        limit = f"more than {MAX_NO_SIGNAL_FRACTION:.0%}" if training else "all"
+        raise UserError(f"{message}, {limit} of the split, would train or validate on nothing; {fix}")
+    log.warning("%s; they teach nothing (TRL leaves them out or they count as zero); %s", message, fix)
+
+
+class MaskedBatchGuard:
+    """A data collator wrapper that refuses a batch whose labels are all masked (-100).
+
+    Such a batch has a loss of 0/0 (NaN, or 0 where a trainer guards the division) and no gradient: nothing
+    fails, the step is wasted and the logged loss is wrong. With packing, a pack of samples whose prompts
+    filled ``max_length`` is such a batch.
+
+    Args:
+        collator: The trainer's collator; returns a batch with ``labels`` of shape (B, T).
+        key: The params key to name, e.g. ``"sft.max_length"``.
+    """
+
+    def __init__(self, collator: Callable[[list[dict]], dict], key: str) -> None:
+        self.collator, self.key = collator, key
+
+    def __call__(self, examples: list[dict]) -> dict:
+        """Collate `examples`; raises UserError when no label of the batch is unmasked."""
+        batch = self.collator(examples)
+        labels = batch.get("labels")
+        if labels is not None and not (labels != -100).any():
+            raise UserError(
+                f"a batch of {len(examples)} sample(s) has every label masked (-100): their prompts fill "
+                f"{self.key}, leaving no completion token to learn from; raise {self.key} or drop the longest prompts"
+            )
+        return batch
+
+
+def count_identical_pairs(pairs, max_length: int | None) -> int:
+    """Number of tokenized preference pairs whose chosen and rejected sequences are the same tokens.
+
+    Such a pair has r(chosen) = r(rejected) whatever the model (DPO's and the reward model's losses are
+    constant there: no gradient), and counts as a miss in accuracy. Truncation makes them: a rejected body
+    that is the chosen one's first half, or differs only after `max_length` tokens.
+
+    Args:
+        pairs: A TRL-prepared `datasets.Dataset`: ``chosen_ids`` and ``rejected_ids`` (token id lists), with
+            ``prompt_ids`` prepended when present (DPO keeps the prompt apart; the reward trainer does not).
+        max_length: Both sequences are cut to their first `max_length` tokens (TRL's ``keep_start``), as the
+            DPO collator does; None = compared whole.
+    """
+    prompts = pairs["prompt_ids"] if "prompt_ids" in pairs.column_names else [[]] * len(pairs)
+    return sum((p + c)[:max_length] == (p + r)[:max_length]
+               for p, c, r in zip(prompts, pairs["chosen_ids"], pairs["rejected_ids"]))
+
+
+def preference_signal(stage: str, split: str, num_rows: int, prepared, max_length: int | None,
+                      truncates: bool) -> dict[str, int]:
+    """Count a preference split's pairs without signal after TRL's preparation; warn or refuse them
+    (:func:`check_no_signal`).
+
+    Args:
+        stage: ``dpo`` or ``reward`` (names the keys in messages).
+        split: ``train`` or ``eval``.
+        num_rows: Pairs given to the trainer.
+        prepared: The trainer's prepared dataset (``trainer.train_dataset`` / ``eval_dataset``).
+        max_length: The stage's ``max_length``.
+        truncates: True for DPO, which drops pairs whose prompt fills `max_length` and truncates the rest;
+            False for the reward trainer, which leaves out pairs longer than `max_length` instead.
+
+    Returns:
+        ``num_identical_pairs`` and ``num_fully_truncated`` (DPO) or ``num_too_long`` (reward), with an
+        ``_eval`` suffix for the validation split.
+
+    Raises:
+        UserError: See :func:`check_no_signal`.
+    """
+    suffix = "" if split == "train" else "_eval"
+    training = split == "train"
+    dropped = num_rows - len(prepared)
+    identical = count_identical_pairs(prepared, max_length if truncates else None)
+    where = f"{stage}: {'training' if training else 'validation'} pairs"
+    if truncates:
+        what = f"{where} whose prompt fills {stage}.max_length={max_length} (TRL drops them)"
+        check_no_signal(dropped, num_rows, what, f"raise {stage}.max_length", training)
+    elif dropped:
+        log.info("%s longer than %s.max_length=%s, left out by TRL: %d of %d", where, stage, max_length, dropped,
+                 num_rows)
+    cut = f" within {stage}.max_length={max_length}" if truncates else ""
+    check_no_signal(identical, len(prepared), f"{where} whose chosen and rejected are the same tokens{cut}",
+                    f"raise {stage}.max_length or fix the preference data" if truncates else "fix the preference data",
+                    training)
+    return {f"num_identical_pairs{suffix}": identical,
+            f"{'num_fully_truncated' if truncates else 'num_too_long'}{suffix}": dropped}
