@@ -1,22 +1,18 @@
 """PPO: the algorithm pieces against hand-computed values (arithmetic in the comments), then the `ppo`
-stage on tiny real models: it trains, logs finite losses, and a SIGKILLed run resumes with the same prompts."""
+stage on tiny real models: it trains and logs finite losses (a SIGKILLed run resuming with the same prompts:
+test_resume.py)."""
 
 from __future__ import annotations
 
 import csv
-import json
 import math
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import ROOT, TINY_PARAMS, kill_after_first_checkpoint
+from conftest import TINY_PARAMS
 from safetensors.torch import load_file
 
 from llmpipe.config import ParamsError, parse_params
@@ -274,41 +270,7 @@ def test_ppo_trains_logs_finite_losses_and_changes_every_parameter(workdir, tmp_
     assert model.config.vocab_size == len(load_tokenizer(tmp_path / "models" / "ppo"))
 
 
-def _llm_train(workdir: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "llmpipe.cli", "--task", "ppo"],
-        cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
 
-
-def _history(run_root: Path) -> list[dict]:
-    (state,) = (run_root / "checkpoints" / "ppo").glob(f"*/checkpoint-{TINY_PPO['max_steps']}/trainer_state.json")
-    return json.loads(state.read_text())["history"]
-
-
-@pytest.mark.slow
-def test_killed_ppo_resumes_from_its_checkpoint_with_the_same_prompts(workdir, offline_env, tmp_path, monkeypatch):
-    """SIGKILL after the first checkpoint; the rerun resumes it, ends at max_steps, and every step saw the
-    prompts of an uninterrupted run of the same params."""
-    env = {**offline_env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), offline_env.get("PYTHONPATH")]))}
-    kill_after_first_checkpoint(_llm_train(workdir, env), workdir / "checkpoints" / "ppo")
-    assert not (workdir / "models" / "ppo").exists(), "killed before the end: no final model"
-
-    rerun = _llm_train(workdir, env)
-    out, _ = rerun.communicate(timeout=600)
-    assert rerun.returncode == 0, out
-    step = int(re.search(r"ppo: resuming from \S+ \(step (\d+)\)", out).group(1))
-    assert 0 < step < TINY_PPO["max_steps"]
-    metrics = json.loads((workdir / "metrics" / "ppo.json").read_text())
-    assert metrics["resumed_from_step"] == step and metrics["steps"] == TINY_PPO["max_steps"]
-    rows = list(csv.DictReader((workdir / "logs" / "ppo" / "train.csv").open()))
-    assert [int(r["step"]) for r in rows] == [2, 4, 6, 8, 10], "the log keeps the steps before the kill"
-
-    monkeypatch.chdir(workdir)
-    ppo.run(_params(tmp_path, **TINY_PPO))  # the same run, uninterrupted
-    resumed, uninterrupted = _history(workdir), _history(tmp_path)
-    assert [h["prompts"] for h in resumed] == [h["prompts"] for h in uninterrupted]
-    assert len({tuple(h["prompts"]) for h in resumed}) == TINY_PPO["max_steps"], "each step new prompts"
 
 
 # ---- params ----------------------------------------------------------------------------------------------

@@ -1,20 +1,14 @@
-"""Training stages on tiny real models: fingerprints keep runs apart, a killed pretrain resumes from its
-checkpoint, and the final model is a standard HF directory written atomically."""
+"""Training stages on tiny real models: fingerprints keep runs apart, packing, and the final model is written
+atomically (killed-and-resumed runs of every stage: test_resume.py)."""
 
 from __future__ import annotations
 
-import json
-import math
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import yaml
-from conftest import TINY_PARAMS, kill_after_first_checkpoint
+from conftest import TINY_PARAMS
 
 from llmpipe.checkpoints import fingerprint
-from llmpipe.config import load_params, parse_params
+from llmpipe.config import parse_params
 from llmpipe.io import atomic_dir
 
 
@@ -56,39 +50,3 @@ def test_atomic_dir_keeps_the_old_folder_on_failure(tmp_path):
         raise RuntimeError("killed mid-save")
     assert (final / "weights").read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["model"], "no temp folder left behind"
-
-
-def _llm_train(workdir: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "llmpipe.cli", "--task", "pretrain", *args],
-        cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-
-
-@pytest.mark.slow
-def test_killed_pretrain_resumes_from_its_checkpoint(workdir, offline_env):
-    """SIGKILL after the first checkpoint; the rerun continues from it and ends at max_steps."""
-    raw = yaml.safe_load((workdir / "params.yaml").read_text())
-    raw["pretrain"] = {"max_steps": 40, "save_steps": 5, "eval_steps": 20, "logging_steps": 5}
-    (workdir / "params.yaml").write_text(yaml.safe_dump(raw))
-    kill_after_first_checkpoint(_llm_train(workdir, offline_env), workdir / "checkpoints" / "pretrain")
-    assert not (workdir / "models" / "pretrain").exists(), "killed before the end: no final model"
-
-    rerun = _llm_train(workdir, offline_env)
-    out, _ = rerun.communicate(timeout=600)
-    assert rerun.returncode == 0, out
-    step = int(out.split("resuming from ")[1].split("(step ")[1].split(")")[0])
-    assert step > 0
-    metrics = json.loads((workdir / "metrics" / "pretrain.json").read_text())
-    assert metrics["resumed_from_step"] == step
-    assert metrics["steps"] == 40
-    assert math.isfinite(metrics["eval_loss"])
-    history = (workdir / "logs" / "pretrain" / "train.csv").read_text().splitlines()
-    assert history[0].startswith("step,") and int(history[-1].split(",")[0]) == 40
-    assert int(history[1].split(",")[0]) == 5, "the plot keeps the steps before the kill"
-
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(workdir / "models" / "pretrain")
-    assert model.config.num_hidden_layers == load_params(workdir / "params.yaml").model.num_hidden_layers
-    assert (workdir / "models" / "pretrain" / "model.safetensors").exists()

@@ -16,9 +16,11 @@ one schedule to checkpoint; gradients are clipped per model, so a large value gr
 the policy's step.
 
 Checkpoints (``checkpoints/ppo/<fingerprint>/checkpoint-<step>/``) hold what `Accelerator.save_state`
-saves (both models, optimizer, scheduler, RNG states, the running reward statistics and the prompt
-position) plus ``trainer_state.json`` (per-step history, including each step's prompt indices, and the
-log records); a restarted run resumes the newest and sees exactly the prompts an uninterrupted run would.
+saves (both models, optimizer, scheduler, RNG states) plus ``trainer_state.json``: the running reward
+statistics and the prompt (and ptx block) positions, the per-step history with each step's prompt indices, and
+the log records. Those small states are JSON rather than objects registered with Accelerate, which would
+unpickle them on load (`weights_only=False`). A restarted run resumes the newest and sees exactly the prompts
+an uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -251,6 +253,19 @@ class PPORun:
     running: RunningMeanStd
     ptx_blocks: Any | None = None
     ptx_stream: IndexStream | None = None
+
+    def positions(self) -> dict[str, Any]:
+        """The JSON-serialisable state a checkpoint needs besides Accelerate's: prompt and ptx positions and the
+        running reward statistics."""
+        out = {"stream": self.stream.state_dict(), "running": self.running.state_dict()}
+        return out | ({"ptx_stream": self.ptx_stream.state_dict()} if self.ptx_stream is not None else {})
+
+    def load_positions(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`positions` returned."""
+        self.stream.load_state_dict(state["stream"])
+        self.running.load_state_dict(state["running"])
+        if self.ptx_stream is not None:
+            self.ptx_stream.load_state_dict(state["ptx_stream"])
 
     @property
     def mini_batch_size(self) -> int:
@@ -521,7 +536,7 @@ def _save_checkpoint(run: PPORun, run_dir: Path, state: dict[str, Any], keep: in
     path = run_dir / f"checkpoint-{state['step']}"
     with atomic_dir(path) as tmp:
         run.accelerator.save_state(str(tmp))
-        write_json(tmp / "trainer_state.json", state)
+        write_json(tmp / "trainer_state.json", {**state, "positions": run.positions()})
     best = state.get("best_step")
     rotate(run_dir, keep, [path, run_dir / f"{PREFIX}{best}" if best else None])
 
@@ -593,11 +608,9 @@ def _build(
         value_model=value_model, reward_model=reward_model, optimizer=optimizer, scheduler=scheduler,
         train=train, valid=valid, stream=IndexStream(len(train.ids), cfg.seed), running=RunningMeanStd(),
     )  # fmt: skip
-    accelerator.register_for_checkpointing(run.stream, run.running)
     if cfg.ptx_coef > 0:
         run.ptx_blocks = pack(Path(paths.data, "pretrain", "train.jsonl"), tokenizer, cfg.max_length)
         run.ptx_stream = IndexStream(len(run.ptx_blocks), cfg.seed)
-        accelerator.register_for_checkpointing(run.ptx_stream)
     return run, total_steps
 
 
@@ -698,6 +711,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     if run.resume:
         ppo.accelerator.load_state(str(run.resume))
         state = json.loads((run.resume / "trainer_state.json").read_text())
+        ppo.load_positions(state.pop("positions"))
         log.info("ppo: resuming from %s (step %d)", run.resume, state["step"])
     else:
         log.info("ppo: fresh run in %s", run.path)
