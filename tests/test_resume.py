@@ -149,6 +149,7 @@ def test_resume_rules(stagedir, tmp_path, monkeypatch, capsys):
     assert code == 2 and re.search(r"pretrain\.lr: \S+ → 0\.002", err), err
     (line,) = [x for x in err.splitlines() if x.startswith("llm-train: error:")]
     assert "--restart" in line and "pretrain.per_device_train_batch_size: 4 → 2" in line
+    assert "does not resume across it" in line, "a batch-layout change is refused with its reason"
 
     # A damaged newest checkpoint is skipped with a warning naming it; the previous one is resumed.
     weights = run / "checkpoint-12" / "model.safetensors"

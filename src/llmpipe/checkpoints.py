@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 FINGERPRINT_FILE = "fingerprint.json"
 STATE_FILE = "trainer_state.json"
 PREFIX = "checkpoint-"
+BATCH_LAYOUT_KEYS = frozenset({"per_device_train_batch_size", "gradient_accumulation_steps"})
+"""Keys whose change, even at the same global batch, makes a checkpoint another run (named in the refusal)."""
 
 
 def hash_paths(paths: list[Path]) -> str:
@@ -237,8 +239,11 @@ def _explicit(request: ResumeRequest, stage: str, ident: dict[str, Any], flag: s
     stored = json.loads(stored_file.read_text()) if stored_file.is_file() else {}
     diff = differences(stored, ident)
     if diff:
+        layout = any(line.split(":")[0].split(".")[-1] in BATCH_LAYOUT_KEYS for line in diff)
+        why = (" (another batch layout would shift the data position and the gradient-accumulation boundaries, "
+               "so llmpipe does not resume across it)") if layout else ""  # fmt: skip
         raise UserError(
-            f"{flag} {path} is another run of {stage}: " + "; ".join(diff)
+            f"{flag} {path} is another run of {stage}: " + "; ".join(diff) + why
             + ". Resuming it would continue other params or data; restore them, or pass --restart (without "
             f"{flag}) to train {stage} from step 0"
         )

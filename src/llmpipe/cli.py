@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from llmpipe.checkpoints import ResumeRequest, describe_runs
     from llmpipe.config import load_params
-    from llmpipe.distributed.launch import is_main_process, needs_launch, relaunch, under_launcher
+    from llmpipe.distributed.launch import finish, is_main_process, needs_launch, relaunch, under_launcher
     from llmpipe.io import write_json
 
     try:
@@ -154,11 +154,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     start = time.perf_counter()
     metrics = dict(run(params, **kwargs))
     metrics["wall_time_s"] = round(time.perf_counter() - start, 3)
-    if not is_main_process():
-        return 0
-    path = metrics_path(params, task, args.model)
-    write_json(path, metrics)
-    log.info("%s done in %.1f s; metrics in %s", task, metrics["wall_time_s"], path)
+    if is_main_process():
+        path = metrics_path(params, task, args.model)
+        write_json(path, metrics)
+        log.info("%s done in %.1f s; metrics in %s", task, metrics["wall_time_s"], path)
+    finish()  # every rank of a multi-process run leaves together
     return 0
 
 

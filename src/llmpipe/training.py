@@ -330,15 +330,19 @@ def tensorboard_callback(log_dir: Path):
     """A TensorBoard callback writing events to ``log_dir`` (transformers 5 no longer takes a logging_dir).
 
     Only global rank 0 opens a writer (the callback itself logs on rank 0 only), so other ranks leave no
-    empty event files in the DVC output. The callback closes its writer at the end of training and opens a new
-    one for the final evaluation's scalars, in `log_dir` too (by default it would be under the checkpoints).
+    empty event files in the DVC output. The writer stays open after training, for the final evaluation's
+    scalars: TensorBoardCallback closes it at the end of training and would open a new one under the
+    checkpoints (it flushes at every log, so nothing waits on a close).
     """
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
 
-    callback = TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)) if is_main_process() else None)
-    callback.logging_dir = str(log_dir)  # where it reopens a writer after training (the final evaluation's scalars)
-    return callback
+    class StageTensorBoard(TensorBoardCallback):
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.tb_writer is not None:
+                self.tb_writer.flush()
+
+    return StageTensorBoard(tb_writer=SummaryWriter(log_dir=str(log_dir)) if is_main_process() else None)
 
 
 def consolidated_save(trainer, tokenizer, final: Path) -> None:

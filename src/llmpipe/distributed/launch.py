@@ -38,6 +38,19 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def finish() -> None:
+    """End a multi-process run together: a barrier, then the process group is destroyed on every rank.
+
+    Without it a rank that reaches the end first exits while gloo's threads still talk to the others, and its
+    interpreter can abort at exit ("terminate called without an active exception"), failing the launch.
+    """
+    import torch.distributed as torch_dist
+
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.barrier()
+        torch_dist.destroy_process_group()
+
+
 def local_world_size(dist) -> int:
     """Processes on this machine: `num_processes`, with auto resolved to the local GPU count.
 
