@@ -268,6 +268,16 @@ CASES: dict[str, Bad] = {
         {"dpo": {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0]}}, multiline=True),
     "params: local source without a pretraining path": Bad(
         "prepare", ("data.local.pretrain is not set",), local(pretrain=None), multiline=True),
+    "params: a key given twice": Bad(
+        "sft", ("params.yaml: line 3, column 3", "key 'lr' appears twice (first at line 2)"),
+        params_text="sft:\n  lr: 0.001\n  lr: 3.0\n"),
+    "params: a section given twice": Bad(
+        "sft", ("params.yaml: line 3, column 1", "key 'sft' appears twice (first at line 1)"),
+        params_text="sft:\n  lr: 0.001\nsft:\n  max_steps: 3\n"),
+    "params: not UTF-8": Bad("prepare", ("params.yaml: line 2: byte 0xe9 is not UTF-8",),
+                             setup=write("params.yaml", b"train:\n  seed: 1  # caf\xe9\n")),
+    "params: --config-path names a folder": Bad(
+        "prepare", ("in: a folder, not a params file",), argv=("--config-path", "in")),
     "params: no such params file": Bad(
         "prepare", ("nowhere.yaml: no such params file", "--config-path"), argv=("--config-path", "nowhere.yaml")),
     "cli: --lr not a number": Bad("sft", ("argument --lr: invalid float value: 'abc'",), argv=("--lr", "abc")),
@@ -389,6 +399,10 @@ CASES: dict[str, Bad] = {
                                       setup=write("models/pretrain/config.json", '{"model_type": "llama",')),
     "model: config.json without a model type": Bad(
         "sft", ("models/pretrain: cannot load the model",), setup=write("models/pretrain/config.json", "{}")),
+    "model: truncated safetensors": Bad(
+        "sft", ("models/pretrain/model.safetensors: damaged weights", "dvc repro pretrain"),
+        setup=lambda root: (root / "models/pretrain/model.safetensors").write_bytes(
+            (root / "models/pretrain/model.safetensors").read_bytes()[:-100])),
     "model: config but no weights": Bad("dpo", ("models/sft: no weights", "model.safetensors"),
                                         setup=lambda root: (root / "models/sft/model.safetensors").unlink()),
     "tokenizer: missing": Bad("sft", ("artifacts/tokenizer: no tokenizer there", "dvc repro tokenizer"),

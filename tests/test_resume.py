@@ -18,8 +18,10 @@ import yaml
 from conftest import ROOT, TINY_PARAMS
 
 from llmpipe import stages
+from llmpipe.checkpoints import newest_whole
 from llmpipe.cli import main
 from llmpipe.config import load_params
+from llmpipe.errors import UserError
 
 # Per stage: steps, checkpoint interval, and every step logged (so each step's loss can be compared).
 RESUME = {
@@ -131,6 +133,14 @@ def test_resume_rules(stagedir, tmp_path, monkeypatch, capsys):
     assert first["resumed_from_step"] == 0
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-8", "checkpoint-9"]
 
+    # A finished run started again trains nothing (the HF Trainer would take one step past max_steps) and
+    # reports the same; a budget below its last checkpoint is refused.
+    again = _pretrain(root)
+    assert (again["resumed_from_step"], again["steps"]) == (9, 9) and not (run / "checkpoint-10").exists()
+    assert (again["train_loss"], again["eval_loss"]) == (first["train_loss"], first["eval_loss"])
+    with pytest.raises(UserError, match=r"at step 9, past pretrain\.max_steps \(5\)"):
+        _pretrain(root, max_steps=5)
+
     # Raising only the budget continues the same run: same folder, no step skipped or repeated.
     longer = _pretrain(root, max_steps=12)
     assert (longer["resumed_from_step"], longer["steps"]) == (9, 12) and _runs(root) == [run]
@@ -186,3 +196,16 @@ def test_the_best_checkpoint_is_kept_besides_the_last(stagedir, tmp_path, monkey
     assert state["best_model_checkpoint"] and Path(state["best_model_checkpoint"]).name in kept
     assert kept == sorted({"checkpoint-12", Path(state["best_model_checkpoint"]).name})
     assert len(kept) == 2, f"the best checkpoint is the last one here, which proves nothing: {state['log_history']}"
+
+
+def test_newest_is_the_most_recently_finished_whole_checkpoint(tmp_path):
+    """After a rewind (--resume-from an earlier checkpoint), the abandoned later checkpoints are not resumed
+    again; an unfinished save and a truncated weights file are skipped."""
+    for step, finished_at in ((5, 300), (9, 200), (7, 400)):
+        ckpt = tmp_path / f"checkpoint-{step}"
+        ckpt.mkdir()
+        (ckpt / "trainer_state.json").write_text("{}")
+        os.utime(ckpt / "trainer_state.json", (finished_at, finished_at))
+    (tmp_path / "checkpoint-12").mkdir()  # a save killed before its trainer_state.json
+    (tmp_path / "checkpoint-7" / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    assert newest_whole(tmp_path) == tmp_path / "checkpoint-5"

@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import shutil
-import struct
 import time
 import zipfile
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from llmpipe.config import BUDGET_KEYS, Params
 from llmpipe.distributed.launch import is_main_process
 from llmpipe.distributed.params import LAUNCH_KEYS
 from llmpipe.errors import UserError
-from llmpipe.io import write_json
+from llmpipe.io import safetensors_problem, write_json
 
 log = logging.getLogger(__name__)
 
@@ -112,23 +111,6 @@ def step_of(checkpoint: Path) -> int | None:
     return int(tail) if checkpoint.name.startswith(PREFIX) and tail.isdigit() else None
 
 
-def _safetensors_problem(f: Path) -> str | None:
-    size = f.stat().st_size
-    with f.open("rb") as fh:
-        head = fh.read(8)
-        if len(head) < 8:
-            return "no header"
-        (n,) = struct.unpack("<Q", head)
-        if n > size - 8:
-            return f"header of {n} bytes in a {size}-byte file"
-        try:
-            header = json.loads(fh.read(n))
-        except ValueError:
-            return "unreadable header"
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    return None if 8 + n + end == size else f"{size} bytes, its header says {8 + n + end}"
-
-
 def checkpoint_problem(checkpoint: Path) -> str | None:
     """Why `checkpoint` cannot be resumed (incomplete, or a file truncated or damaged), or None when it is whole.
 
@@ -148,7 +130,7 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
             continue
         problem = None
         if f.suffix == ".safetensors":
-            problem = _safetensors_problem(f)
+            problem = safetensors_problem(f)
         elif f.suffix in (".pt", ".pth", ".bin"):
             try:
                 with zipfile.ZipFile(f):
@@ -160,12 +142,20 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
     return None
 
 
+def _finished(checkpoint: Path) -> tuple[float, int]:
+    """Sort key of "newest": when the checkpoint's save finished (``trainer_state.json``'s mtime), then its step;
+    an unfinished one sorts first."""
+    state = checkpoint / STATE_FILE
+    return (state.stat().st_mtime if state.exists() else 0.0, step_of(checkpoint) or 0)
+
+
 def newest_whole(run_dir: Path) -> Path | None:
-    """The newest whole checkpoint in `run_dir`, warning about each damaged newer one it skips (every rank of a
-    distributed run reads the same folder and so makes the same choice)."""
+    """The newest whole checkpoint in `run_dir` (the most recently finished, so after a rewind with
+    ``--resume-from`` the abandoned later ones are not picked up again), warning about each damaged newer one it
+    skips (every rank of a distributed run reads the same folder and so makes the same choice)."""
     if not run_dir.is_dir():
         return None
-    for ckpt in sorted((p for p in run_dir.iterdir() if step_of(p) is not None), key=step_of, reverse=True):
+    for ckpt in sorted((p for p in run_dir.iterdir() if step_of(p) is not None), key=_finished, reverse=True):
         problem = checkpoint_problem(ckpt)
         if problem is None:
             return ckpt
@@ -181,12 +171,8 @@ def rotate(run_dir: Path, keep: int, protect: list[Path | None]) -> list[Path]:
     rewind (``--resume-from`` an earlier checkpoint) the abandoned later ones go first. Unfinished folders count
     as oldest. The HF Trainer's own rotation counts the best checkpoint inside its limit; this keeps it beside.
     """
-    def finished(p: Path) -> tuple[float, int]:
-        state = p / STATE_FILE
-        return (state.stat().st_mtime if state.exists() else 0.0, step_of(p) or 0)
-
     kept = {Path(p).resolve() for p in protect if p is not None}
-    ckpts = sorted((p for p in run_dir.iterdir() if step_of(p) is not None), key=finished, reverse=True)
+    ckpts = sorted((p for p in run_dir.iterdir() if step_of(p) is not None), key=_finished, reverse=True)
     gone = [p for p in ckpts[keep:] if p.resolve() not in kept]
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
@@ -236,8 +222,12 @@ def _explicit(request: ResumeRequest, stage: str, ident: dict[str, Any], flag: s
     if problem:
         raise UserError(f"{flag} {path}: {problem}; name another checkpoint, or pass --restart to train from step 0")
     stored_file = path.parent / FINGERPRINT_FILE
-    stored = json.loads(stored_file.read_text()) if stored_file.is_file() else {}
-    diff = differences(stored, ident)
+    if not stored_file.is_file():
+        raise UserError(
+            f"{flag} {path}: no {FINGERPRINT_FILE} beside it, so which params and inputs it was trained with is "
+            f"unknown; name a checkpoint inside its run folder (checkpoints/{stage}/<fingerprint>/), or pass --restart"
+        )
+    diff = differences(json.loads(stored_file.read_text()), ident)
     if diff:
         layout = any(line.split(":")[0].split(".")[-1] in BATCH_LAYOUT_KEYS for line in diff)
         why = (" (another batch layout would shift the data position and the gradient-accumulation boundaries, "
@@ -271,6 +261,10 @@ def open_run(params: Params, stage: str, inputs: list[Path], request: ResumeRequ
         log.warning("%s: --restart: the run's earlier checkpoints are kept in %s", stage, aside)
     elif resume is None and not request.restart:
         resume = newest_whole(path)
+    others = [p.name for p in path.parent.iterdir() if p.is_dir() and p != path] if path.parent.is_dir() else []
+    if resume is None and others:
+        log.info("%s: %d other run folder(s) beside this one, with other params or inputs (not resumed); "
+                 "llm-train --task %s --list-checkpoints shows how they differ", stage, len(others), stage)  # fmt: skip
     path.mkdir(parents=True, exist_ok=True)
     if not (path / FINGERPRINT_FILE).exists():
         write_json(path / FINGERPRINT_FILE, ident)
@@ -290,7 +284,8 @@ def describe_runs(params: Params, stage: str, inputs: list[Path]) -> str:
         if root.is_dir() else []  # fmt: skip
     if not folders:
         return f"{stage}: no checkpoints under {root}"
-    lines = [f"{stage}: {len(folders)} run folder(s) under {root} (newest first; nothing here is deleted by llmpipe)"]
+    lines = [f"{stage}: {len(folders)} run folder(s) under {root}, newest first (llmpipe never deletes a run folder; "
+             "in a run, only checkpoints beyond save_total_limit)"]  # fmt: skip
     for folder in folders:
         stored_file = folder / FINGERPRINT_FILE
         stored = json.loads(stored_file.read_text()) if stored_file.is_file() else None

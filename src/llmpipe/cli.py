@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("--list-checkpoints", action="store_true",
                         help="list the task's run folders and checkpoints, and how each differs from params.yaml")
     hand = p.add_argument_group("hand-run overrides (output goes to runs/<task>-<time>/ or --output-dir)")
-    hand.add_argument("--epochs", type=float, help="num_train_epochs of the stage")
+    hand.add_argument("--epochs", type=float,
+                      help="num_train_epochs of the stage (without --steps-per-epoch, its max_steps is dropped)")
     hand.add_argument("--batch-size", type=int, help="per_device_train_batch_size of the stage")
     hand.add_argument("--lr", type=float, help="peak learning rate of the stage")
     hand.add_argument("--num-samples", type=int, help="train on at most this many examples")
@@ -76,6 +77,8 @@ def overrides_from_args(args: argparse.Namespace, task: str) -> dict[str, Any]:
             out[f"{task}.{key}"] = getattr(args, flag)
     if args.steps_per_epoch is not None:
         out[f"{task}.max_steps"] = args.steps_per_epoch * math.ceil(args.epochs or 1)
+    elif args.epochs is not None:
+        out[f"{task}.max_steps"] = -1  # a step budget would override the epochs (every shipped stage has one)
     if args.amp is not None:
         out[f"{task}.precision"] = "auto" if args.amp else "fp32"
     if args.compile is not None:
@@ -131,7 +134,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     kwargs: dict[str, Any] = {}
     if args.resume_from or args.restart or args.list_checkpoints:
         if task not in stages.TRAINING_TASKS:
-            raise UserError(f"--resume-from, --restart and --list-checkpoints apply to {stages.TRAINING_TASKS}, not {task}")
+            raise UserError(
+                f"--resume-from, --restart and --list-checkpoints apply to {stages.TRAINING_TASKS}, not {task}"
+            )
         if args.resume_from and args.restart:
             raise UserError("--resume-from and --restart contradict each other: give one")
         if args.list_checkpoints:

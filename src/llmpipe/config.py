@@ -656,6 +656,27 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[leaf] = value
 
 
+def text_line(data: bytes, offset: int) -> int:
+    """The 1-based line of byte `offset` in `data`."""
+    return data.count(b"\n", 0, offset) + 1
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (plain PyYAML keeps the last silently,
+    so a second ``sft:`` section would replace the first whole)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice (first at line {seen[key]}); keep one", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Params:
     """Read and validate params.yaml, with optional dotted-key overrides applied before validation.
 
@@ -668,11 +689,17 @@ def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ParamsError(f"{path}: no such params file; pass --config-path or run from the repository root") from None
+    except IsADirectoryError:
+        raise ParamsError(f"{path}: a folder, not a params file; pass --config-path PATH/params.yaml") from None
+    except UnicodeDecodeError as err:
+        line = text_line(path.read_bytes(), err.start)
+        byte = err.object[err.start]
+        raise ParamsError(f"{path}: line {line}: byte {byte:#04x} is not UTF-8; save the file as UTF-8") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:
         mark, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

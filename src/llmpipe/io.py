@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import struct
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -110,3 +111,22 @@ def decode_line(raw: bytes, path: str | Path, lineno: int) -> str:
             f"{path}:{lineno}: not UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
             "save the file as UTF-8"
         ) from None
+
+
+def safetensors_problem(f: Path) -> str | None:
+    """Why the safetensors file `f` is not whole (no header, a header longer than the file, or a size other
+    than its header declares), or None. Reads the header only, so it catches truncation, not bit flips."""
+    size = f.stat().st_size
+    with f.open("rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            return "no header"
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            return f"header of {n} bytes in a {size}-byte file"
+        try:
+            header = json.loads(fh.read(n))
+        except ValueError:
+            return "unreadable header"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    return None if 8 + n + end == size else f"{size} bytes, its header says {8 + n + end}"

@@ -21,7 +21,7 @@ from typing import Any
 from llmpipe.config import ModelParams
 from llmpipe.errors import UserError, root_cause
 from llmpipe.guards import check_pad_token
-from llmpipe.io import atomic_dir
+from llmpipe.io import atomic_dir, safetensors_problem
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 """Weight files `torch.load` would unpickle: loaded only from a trusted folder."""
@@ -102,8 +102,8 @@ def check_model_dir(path: str | Path, what: str, trust_remote_code: bool = False
         trust_remote_code: Let pickled weights and ``auto_map`` code through.
 
     Raises:
-        UserError: No ``config.json``, a broken one, an untrusted ``auto_map``, no weights, or (untrusted)
-            weights only as pickles; the message names the file and the fix.
+        UserError: No ``config.json``, a broken one, an untrusted ``auto_map``, no weights, a truncated
+            safetensors file, or (untrusted) weights only as pickles; the message names the file and the fix.
     """
     path = Path(path)
     config = path / "config.json"
@@ -112,6 +112,9 @@ def check_model_dir(path: str | Path, what: str, trust_remote_code: bool = False
     _refuse_auto_map(config, trust_remote_code)
     names = sorted(f.name for f in path.iterdir() if f.is_file())
     if any(n.endswith(".safetensors") for n in names):
+        for name in (n for n in names if n.endswith(".safetensors")):
+            if problem := safetensors_problem(path / name):
+                raise UserError(f"{path / name}: damaged weights ({problem}); {what}")
         return
     pickles = [n for n in names if Path(n).suffix in PICKLE_SUFFIXES]
     if not pickles:

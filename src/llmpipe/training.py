@@ -173,9 +173,13 @@ class BatchLedger(TrainerCallback):
         trainer.training_step = recorded
         trainer.add_callback(self)
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def restore(self, state) -> None:
+        """Take the rows a checkpoint's `TrainerState` carries (up to its step)."""
         stored = state.stateful_callbacks.get(self.KEY) or {}
         self.rows = [r for r in stored.get("rows", []) if r[0] <= state.global_step]
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.restore(state)
 
     def on_step_end(self, args, state, control, **kwargs):
         self.rows.append([state.global_step, self._pending.hexdigest()[:16]])
@@ -358,14 +362,39 @@ def consolidated_save(trainer, tokenizer, final: Path) -> None:
         save_model(acc.unwrap_model(trainer.model), tokenizer, final, state_dict=state_dict)
 
 
+def _finished_run(trainer, params: Params, stage: str, run: Run) -> bool:
+    """Whether `run.resume` is the last step of the run (so nothing is left to train).
+
+    Only for a step budget (`max_steps` > 0) and a strategy whose weights load outside `Trainer.train` (not
+    FSDP or DeepSpeed, where a finished run is resumed as any other and trains one step past `max_steps`).
+
+    Raises:
+        UserError: The checkpoint is past `max_steps`.
+    """
+    max_steps = trainer.args.max_steps
+    if run.resume is None or max_steps <= 0 or run.resumed_step < max_steps:
+        return False
+    if run.resumed_step > max_steps:
+        raise UserError(
+            f"{stage}: the newest checkpoint {run.resume} is at step {run.resumed_step}, past {stage}.max_steps "
+            f"({max_steps}); raise {stage}.max_steps, --resume-from an earlier checkpoint, or pass --restart"
+        )
+    return params.distributed.strategy not in ("fsdp", "deepspeed")
+
+
 def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dict[str, float]:
     """Train (resuming `run.resume` when set), save the final model, return metrics.
 
     The final model goes to ``models/<stage>`` atomically, before the final evaluation (a crash there loses no
     weights); the per-step logs and the batch ledger to ``logs/<stage>/``.
 
+    Raises:
+        UserError: The checkpoint to resume is past the stage's `max_steps` (from a longer run).
+
     Returns:
-        ``train_loss`` (mean over the run), ``eval_loss`` (final validation), ``steps``, ``tokens_per_s``
+        ``train_loss`` (mean of the logged training losses over the whole run, the part before a resume
+        included, so an interrupted run reports what an uninterrupted one does), ``eval_loss`` (final
+        validation), ``steps``, ``tokens_per_s``
         (mean over logged steps), ``peak_memory_gb`` (this process, see `throughput.peak_memory_gb`), ``mfu``
         (mean over logged steps; only on a device with a known peak), ``resumed_from_step`` (0 for a fresh
         run), ``num_parameters``.
@@ -386,7 +415,17 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
     trainer.add_callback(NonFiniteLossGuard(trainer, stage))
     if (at := kill_at_step()) is not None:
         trainer.add_callback(KillAtStep(at))
-    result = trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
+    if _finished_run(trainer, params, stage, run):
+        # Resumed at max_steps, the HF Trainer would train one step more; the run is done, so load its weights.
+        from transformers import TrainerState
+
+        log.info("%s: %s ends the run (max_steps %d): saving its model, no training", stage, run.resume,
+                 trainer.args.max_steps)  # fmt: skip
+        trainer._load_from_checkpoint(str(run.resume))
+        trainer.state = TrainerState.load_from_json(str(run.resume / "trainer_state.json"))
+        ledger.restore(trainer.state)
+    else:
+        trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
     consolidated_save(trainer, tokenizer, params.paths.out(params.paths.models, stage))  # before evaluating
     if params.distributed.strategy == "ddp" and world["world_size"] > 1:
         agree, diff = ranks_agree(trainer.accelerator, trainer.model)
@@ -399,9 +438,10 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
         write_ledger(ledger.rows, params.paths.out(params.paths.logs, stage))
     rates = [r["tokens_per_s"] for r in trainer.state.log_history if "tokens_per_s" in r]
     mfus = [r["mfu"] for r in trainer.state.log_history if "mfu" in r]
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     eval_loss = final_eval.get("eval_loss", math.nan)
     return {
-        "train_loss": round(float(result.training_loss), 5),
+        "train_loss": round(sum(losses) / len(losses), 5) if losses else math.nan,
         "eval_loss": round(float(eval_loss), 5),
         "steps": int(trainer.state.global_step),
         "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else 0.0,

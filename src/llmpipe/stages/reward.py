@@ -155,7 +155,9 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     metrics = train_stage(trainer, params, "reward", run, tokenizer)
     metrics.update(counts)
     trainer.accelerator.wait_for_everyone()  # rank 0 has saved the model
-    saved = load_model(params.paths.out(params.paths.models, "reward"), "the reward stage did not save it", num_labels=1)
+    saved = load_model(
+        params.paths.out(params.paths.models, "reward"), "the reward stage did not save it", num_labels=1
+    )
     test = load_split(data / "test.jsonl", COLUMNS, optional=("corruption",))
     metrics.update(pairwise_metrics(saved, tokenizer, test, cfg.per_device_eval_batch_size))
     return metrics
