@@ -9,8 +9,10 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -209,3 +211,21 @@ def test_newest_is_the_most_recently_finished_whole_checkpoint(tmp_path):
     (tmp_path / "checkpoint-12").mkdir()  # a save killed before its trainer_state.json
     (tmp_path / "checkpoint-7" / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
     assert newest_whole(tmp_path) == tmp_path / "checkpoint-5"
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_how_to_resume(stagedir, tmp_path):
+    """SIGINT (Ctrl-C) after a checkpoint: exit 130 with one line saying the same command resumes, no traceback."""
+    root = tmp_path / "interrupted"
+    cmd = [sys.executable, "-m", "llmpipe.cli", "--task", "pretrain", "--output-dir", str(root), "--steps-per-epoch",
+           "5000"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=stagedir, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not list(root.glob("checkpoints/pretrain/*/checkpoint-*/trainer_state.json")):
+        assert proc.poll() is None and time.time() < deadline, "no checkpoint before the end"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "llm-train: interrupted; run the same command again to resume pretrain from its newest checkpoint" in err
+    assert "Traceback" not in err

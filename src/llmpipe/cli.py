@@ -106,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"llm-train: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"llm-train: interrupted; run the same command again to resume {args.task} from its newest checkpoint",
+              file=sys.stderr)  # fmt: skip
+        return 130
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:

@@ -281,10 +281,11 @@ class NonFiniteLossGuard(TrainerCallback):
 
     def _stop(self, args, step: int, what: str) -> None:
         s = self._stage
+        fp32 = f", try {s}.precision: fp32" if args.bf16 or args.fp16 else ""
         raise UserError(
             f"{s}: {what} at step {step}; training stopped, and no checkpoint of that step is written (newest kept: "
-            f"{newest_whole(Path(args.output_dir)) or 'none'}). Lower {s}.lr, keep {s}.max_grad_norm > 0, try "
-            f"{s}.precision: fp32, or look for batches whose labels are all masked"
+            f"{newest_whole(Path(args.output_dir)) or 'none'}). Lower {s}.lr, keep {s}.max_grad_norm > 0{fp32}, "
+            "or look for batches whose labels are all masked"
         )
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):

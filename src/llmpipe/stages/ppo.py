@@ -631,11 +631,12 @@ def _train(
         try:
             state["history"].append(run.step())
         except FloatingPointError as err:
+            fp32 = ", try ppo.precision: fp32" if run.accelerator.mixed_precision != "no" else ""
             raise UserError(
                 f"ppo: {err} at step {state['step'] + 1}; stopped before applying it, and no checkpoint of that step "
                 f"is written (newest kept: {newest_whole(run_dir) or 'none'}); lower ppo.lr, keep "
-                "ppo.max_grad_norm > 0, try ppo.precision: fp32, or check models/reward (it scores the completions "
-                "and the value model starts from it)"
+                f"ppo.max_grad_norm > 0{fp32}, or check models/reward (it scores the completions and the value model "
+                "starts from it)"
             ) from None
         state["step"] += 1
         maybe_kill(state["step"], kill_at)
