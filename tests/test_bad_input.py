@@ -274,7 +274,7 @@ CASES: dict[str, Bad] = {
     "params: a section given twice": Bad(
         "sft", ("params.yaml: line 3, column 1", "key 'sft' appears twice (first at line 1)"),
         params_text="sft:\n  lr: 0.001\nsft:\n  max_steps: 3\n"),
-    "params: not UTF-8": Bad("prepare", ("params.yaml: line 2: byte 0xe9 is not UTF-8",),
+    "params: not UTF-8": Bad("prepare", ("params.yaml:2: not UTF-8 (byte 0xe9 at column 17)",),
                              setup=write("params.yaml", b"train:\n  seed: 1  # caf\xe9\n")),
     "params: --config-path names a folder": Bad(
         "prepare", ("in: a folder, not a params file",), argv=("--config-path", "in")),

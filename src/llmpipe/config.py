@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from llmpipe.distributed.params import DistributedParams
 from llmpipe.errors import UserError
+from llmpipe.io import decode_line
 from llmpipe.section import Section
 
 STAGE_SECTIONS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
@@ -656,11 +657,6 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[leaf] = value
 
 
-def text_line(data: bytes, offset: int) -> int:
-    """The 1-based line of byte `offset` in `data`."""
-    return data.count(b"\n", 0, offset) + 1
-
-
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping (plain PyYAML keeps the last silently,
     so a second ``sft:`` section would replace the first whole)."""
@@ -689,15 +685,15 @@ def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ParamsError(f"{path}: no such params file; pass --config-path or run from the repository root") from None
     except IsADirectoryError:
         raise ParamsError(f"{path}: a folder, not a params file; pass --config-path PATH/params.yaml") from None
-    except UnicodeDecodeError as err:
-        line = text_line(path.read_bytes(), err.start)
-        byte = err.object[err.start]
-        raise ParamsError(f"{path}: line {line}: byte {byte:#04x} is not UTF-8; save the file as UTF-8") from None
+    try:
+        text = "\n".join(decode_line(raw, path, n) for n, raw in enumerate(data.split(b"\n"), 1))
+    except ValueError as err:  # names the line, byte and column
+        raise ParamsError(str(err)) from None
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:
