@@ -1,4 +1,4 @@
-"""The silent-failure guards (`llmpipe.guards`, `training.NonFiniteLossGuard`, the ppo loop's check, lm-eval's
+"""The silent-failure guards (`llmpipe.guards`, `callbacks.NonFiniteLossGuard`, the ppo loop's check, lm-eval's
 truncation count), each triggered by a small real input: a BPE trained here, a random 2-layer Llama, a few
 hand-written chat and preference rows, and the real trainers. Without its guard, each test's run would train
 or evaluate on without an error.

@@ -12,7 +12,7 @@ Each failure here trains or evaluates without any crash, and shows only as a num
 - preference pairs whose chosen and rejected sequences are the same tokens after truncation (no preference
   left to learn): :func:`count_identical_pairs`.
 
-NaN/inf losses are caught by `llmpipe.training.NonFiniteLossGuard` (Trainer stages) and in the ppo stage's loop;
+NaN/inf losses are caught by `llmpipe.callbacks.NonFiniteLossGuard` (Trainer stages) and in the ppo stage's loop;
 lm-eval's silent truncation of long inputs is counted by `llmpipe.evaluation.counting`.
 """
 

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from llmpipe.callbacks import batch_digest, kill_at_step, maybe_kill, write_ledger
 from llmpipe.checkpoints import PREFIX, ResumeRequest, newest_whole, open_run, rotate
 from llmpipe.config import Params, PPOParams
 from llmpipe.data.loading import load_split
@@ -69,15 +70,7 @@ from llmpipe.rl.ppo import (
 )
 from llmpipe.stages.pretrain import pack
 from llmpipe.throughput import peak_memory_gb, reset_peak_memory
-from llmpipe.training import (
-    batch_digest,
-    kill_at_step,
-    maybe_kill,
-    resolve_precision,
-    training_kwargs,
-    write_ledger,
-    write_plots,
-)
+from llmpipe.training import resolve_precision, training_kwargs, write_plots
 
 log = logging.getLogger(__name__)
 
