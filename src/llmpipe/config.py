@@ -65,15 +65,48 @@ class StdlibSourceParams(Section):
     max_preference_pairs: int = Field(10000, gt=0, description="Cap on training preference pairs.")
 
 
+SFTFormat = Literal["auto", "messages", "prompt_completion", "alpaca", "sharegpt"]
+"""Shapes of SFT records (`llmpipe.data.formats`); ``auto`` reads the shape from the columns."""
+
+PreferenceFormat = Literal["auto", "explicit_prompt", "implicit_prompt"]
+"""Shapes of preference records (`llmpipe.data.formats`); ``auto`` reads the shape from the columns."""
+
+
 class LocalSourceParams(Section):
-    """Users' own files (.txt / .jsonl / .parquet, a file or a folder of one format) per dataset kind; null = none.
+    """Users' own files (a file, or a folder of one format: .jsonl, .json, .parquet, .csv, and .txt for pretraining
+    text) per dataset kind; null = none.
 
     `sft` and `preference` are read when `data.source` is 'local' or 'hf' (the hub gives the pretraining text).
     """
 
-    pretrain: str | None = Field(None, description="Text documents: .txt files, or jsonl/parquet with a `text` field.")
-    sft: str | None = Field(None, description="jsonl/parquet with `messages`, or `prompt` + `completion`.")
-    preference: str | None = Field(None, description="jsonl/parquet with `prompt`, `chosen`, `rejected`.")
+    pretrain: str | None = Field(None, description="Text documents: .txt files, or records with a `text` column.")
+    sft: str | None = Field(None, description="SFT records in one of the shapes of `sft_format`.")
+    preference: str | None = Field(None, description="Preference records in one of the shapes of `preference_format`.")
+    sft_format: SFTFormat = Field("auto", description="Shape of the `sft` records; auto = from the columns.")
+    preference_format: PreferenceFormat = Field(
+        "auto", description="Shape of the `preference` records; auto = from the columns."
+    )
+
+
+class HFRecordsParams(Section):
+    """SFT or preference records from ``datasets.load_dataset(dataset_name, dataset_config, split=split)``; a local
+    dataset folder (or file) as `dataset_name` works the same, offline. Read when `data.source` is 'local' or 'hf'."""
+
+    dataset_name: str | None = Field(None, description="A hub dataset name, or a local dataset folder; null = none.")
+    dataset_config: str | None = Field(None, description="Dataset configuration name.")
+    split: str = Field("train", description="Split to read; `datasets` slices work, e.g. train[:1000].")
+
+
+class HFSFTParams(HFRecordsParams):
+    """`data.hf_sft`: SFT records from a hub dataset."""
+
+    format: SFTFormat = Field("auto", description="Shape of the records; auto = from the columns.")
+
+
+class HFPreferenceParams(HFRecordsParams):
+    """`data.hf_preference`: preference records from a hub dataset."""
+
+    format: PreferenceFormat = Field("auto", description="Shape of the records; auto = from the columns.")
 
 
 class HFSourceParams(Section):
@@ -112,6 +145,8 @@ class DataParams(Section):
     stdlib: StdlibSourceParams = StdlibSourceParams()
     local: LocalSourceParams = LocalSourceParams()
     hf: HFSourceParams = HFSourceParams()
+    hf_sft: HFSFTParams = HFSFTParams()
+    hf_preference: HFPreferenceParams = HFPreferenceParams()
 
     @model_validator(mode="after")
     def _source_configured(self) -> DataParams:
@@ -124,6 +159,10 @@ class DataParams(Section):
             raise ValueError("data.source is 'local' but data.local.pretrain is not set: give a file or folder path")
         if self.source == "hf" and self.hf.name is None:
             raise ValueError("data.source is 'hf' but data.hf.name is not set: give a dataset name or local folder")
+        for kind, hub in (("sft", self.hf_sft), ("preference", self.hf_preference)):
+            if getattr(self.local, kind) is not None and hub.dataset_name is not None:
+                raise ValueError(f"data.local.{kind} and data.hf_{kind}.dataset_name are both set: give one (set the "
+                                 "other to null)")
         return self
 
 
