@@ -323,11 +323,12 @@ CASES: dict[str, Bad] = {
     "data: no text column": Bad(
         "prepare", ("data.local.pretrain: in/body.jsonl has no column `text` (found: body)",),
         local(pretrain="in/body.jsonl"), setup=write("in/body.jsonl", jsonl([{"body": "x"}]))),
-    "data: sft messages without an assistant turn": Bad(
-        "prepare", ("data.local.sft: in/sft2.jsonl row 2: no assistant message",), local(sft="in/sft2.jsonl"),
-        setup=write("in/sft2.jsonl", jsonl(chats(1) + [{"messages": [{"role": "user", "content": "q"}]}]))),
+    "data: no sft record with an assistant turn": Bad(
+        "prepare", ("data.local.sft: in/sft2.jsonl row 1: empty response", "as in all 2 records", "roles found: user"),
+        local(sft="in/sft2.jsonl"),
+        setup=write("in/sft2.jsonl", jsonl([{"messages": [{"role": "user", "content": "q"}]}] * 2))),
     "data: sft assistant turn with no content": Bad(
-        "prepare", ("data.local.sft: in/sft2.jsonl row 1: no assistant message",), local(sft="in/sft2.jsonl"),
+        "prepare", ("data.local.sft: in/sft2.jsonl row 1: empty response",), local(sft="in/sft2.jsonl"),
         setup=write("in/sft2.jsonl", jsonl([{"messages": [{"role": "user", "content": "q"},
                                                            {"role": "assistant", "content": " "}]}]))),
     "data: sft messages as a string": Bad(
@@ -347,14 +348,14 @@ CASES: dict[str, Bad] = {
         local(preference="in/pref2.jsonl"),
         setup=write("in/pref2.jsonl", jsonl(pairs(1) + [{"prompt": "p", "chosen": "c"}]))),
     "data: a pair with an empty chosen": Bad(
-        "prepare", ("in/pref2.jsonl row 1: `chosen` must be a non-empty string",), local(preference="in/pref2.jsonl"),
+        "prepare", ("data.local.preference: in/pref2.jsonl row 1: empty response",), local(preference="in/pref2.jsonl"),
         setup=write("in/pref2.jsonl", jsonl([{"prompt": "p", "chosen": "", "rejected": "r"}]))),
     "data: empty parquet": Bad("prepare", ("data.local.pretrain: in/none.parquet has no records",),
                                local(pretrain="in/none.parquet"), setup=empty_parquet("in/none.parquet")),
     "data: not a parquet file": Bad("prepare", ("in/junk.parquet is not a readable parquet file",),
                                     local(pretrain="in/junk.parquet"), setup=write("in/junk.parquet", "junk")),
-    "data: unsupported suffix": Bad("prepare", ("in/docs.csv has an unsupported suffix", ".jsonl"),
-                                    local(pretrain="in/docs.csv"), setup=write("in/docs.csv", "text\nx\n")),
+    "data: unsupported suffix": Bad("prepare", ("in/docs.xml has an unsupported suffix", ".jsonl", ".csv"),
+                                    local(pretrain="in/docs.xml"), setup=write("in/docs.xml", "<text>x</text>\n")),
     "data: mixed formats in one folder": Bad(
         "prepare", ("data.local.pretrain: in/mixed mixes formats (json, text)",), local(pretrain="in/mixed"),
         setup=chain(write("in/mixed/a.jsonl", jsonl(documents(3))), write("in/mixed/b.txt", "x\n"))),

@@ -293,9 +293,9 @@ def test_missing_columns_name_the_column_and_the_shapes(tmp_path):
     pref = write_jsonl(tmp_path / "pref.jsonl", [{"prompt": "q", "chosen": "a"}])
     with pytest.raises(UserError, match=r"no column `rejected`.*`prompt`, `chosen` and `rejected`"):
         prepare.run(local(tmp_path, pretrain=str(docs), preference=str(pref)))
-    bad_row = write_jsonl(tmp_path / "bad.jsonl", chats(2) + [{"messages": [{"role": "user", "content": "q"}]}])
-    with pytest.raises(UserError, match=r"bad\.jsonl row 3: no assistant message"):
-        prepare.run(local(tmp_path, pretrain=str(docs), sft=str(bad_row)))
+    unanswered = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "user", "content": "q"}]}] * 3)
+    with pytest.raises(UserError, match=r"bad\.jsonl row 1: empty response .*as in all 3 records"):
+        prepare.run(local(tmp_path, pretrain=str(docs), sft=str(unanswered)))
     write_jsonl(tmp_path / "mixed" / "a.jsonl", [{"prompt": "q", "completion": "a"}])
     write_jsonl(tmp_path / "mixed" / "b.jsonl", chats(1))
     with pytest.raises(UserError, match=r"data\.local\.sft: datasets could not read .*mixed: CastError.*same columns"):

@@ -23,6 +23,8 @@ class Corpus:
         signature_mc: The docstring → signature multiple-choice eval set (stdlib only; empty otherwise).
         manifest: Provenance for ``pretrain/manifest.json``: ``source``, ``description``, ``num_files``,
             ``num_skipped_files``, ``content_sha256`` (hex). No absolute paths.
+        num_empty_responses: Users' SFT and preference records left out for an empty response
+            (``{"sft": n, "preference": n}``; see :mod:`llmpipe.data.formats`).
     """
 
     pretrain: dict[str, list[dict[str, Any]]]
@@ -30,6 +32,7 @@ class Corpus:
     preference: dict[str, list[dict[str, Any]]]
     signature_mc: list[dict[str, Any]] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
+    num_empty_responses: dict[str, int] = field(default_factory=lambda: {"sft": 0, "preference": 0})
 
 
 def eval_sets(corpus: Corpus, data: DataParams) -> dict[str, list[dict[str, Any]]]:

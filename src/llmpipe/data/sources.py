@@ -1,9 +1,10 @@
 """Users' own data (`data.source: local`) and Hugging Face datasets (`data.source: hf`), via `datasets` loaders.
 
-Local files are read with ``load_dataset("json" | "parquet" | "text", data_files=...)``; a hub dataset with
-``load_dataset(name, config, split=...)``, where a local folder (or file) as `name` works the same, offline.
-Shapes are checked up front, so a user mistake is a :class:`UserError` naming the key, file, line or row and
-the fix, never a traceback from inside `datasets`. Rows are normalised to the shapes the stdlib corpus writes.
+Local files are read with ``load_dataset("json" | "parquet" | "csv" | "text", data_files=...)``; a hub dataset
+with ``load_dataset(name, config, split=...)``, where a local folder (or file) as `name` works the same, offline.
+Files are checked up front, so a user mistake is a :class:`UserError` naming the key, file, line or row and the
+fix, never a traceback from inside `datasets`. SFT and preference records (`data.local.sft`/`preference`,
+`data.hf_sft`/`hf_preference`) are normalised by :mod:`llmpipe.data.formats`.
 """
 
 from __future__ import annotations
@@ -12,24 +13,23 @@ import hashlib
 import itertools
 import json
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmpipe.config import DataParams, HFSourceParams
+from llmpipe.config import DataParams, HFRecordsParams, HFSourceParams
+from llmpipe.data import formats
 from llmpipe.data.corpus import Corpus
 from llmpipe.data.splits import split_by_key
 from llmpipe.errors import UserError, root_cause
 from llmpipe.io import decode_line, read_jsonl
 
-FORMATS = {".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
-"""File suffix → `datasets` loader. A .txt file is one document; jsonl/parquet hold one row per record."""
+FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
+"""File suffix → `datasets` loader. A .txt file is one document; the others hold one record per row (a .json file
+is a JSON array of records, or JSON lines; a .csv file has a header line)."""
 
 Rows = list[dict[str, Any]]
-
-SFT_SHAPES = "a `messages` column (list of {role, content}), or `prompt` + `completion` columns"
-PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class DataFiles:
     Attributes:
         key: The params key they come from, e.g. ``data.local.sft`` (for error messages).
         root: The file or folder as given.
-        format: ``json``, ``parquet`` or ``text`` (a `datasets` packaged loader); ``""`` for a dataset folder
+        format: ``json``, ``parquet``, ``csv`` or ``text`` (a `datasets` packaged loader); ``""`` for a dataset folder
             given as `data.hf.name`, which `datasets` reads by its own rules.
         files: The files, sorted; hidden files and folders are ignored.
         num_records: Records in each file (a .txt file is one); empty for a `data.hf.name` folder.
@@ -84,7 +84,7 @@ def find_files(path: str | Path, key: str) -> DataFiles:
     else:
         files = sorted(f for f in root.rglob("*") if f.is_file() and not _hidden(f.relative_to(root)))
     if not files:
-        raise UserError(f"{key}: folder {root} has no data files; add .jsonl, .parquet or .txt files")
+        raise UserError(f"{key}: folder {root} has no data files; add {_suffixes()} files")
     unknown = [f for f in files if f.suffix.lower() not in FORMATS]
     if unknown:
         raise UserError(f"{key}: {unknown[0]} has an unsupported suffix; use one of {', '.join(FORMATS)}")
@@ -99,39 +99,88 @@ def _hidden(rel: Path) -> bool:
     return any(part.startswith(".") for part in rel.parts)
 
 
+def _suffixes() -> str:
+    return f"{', '.join(list(FORMATS)[:-1])} or {list(FORMATS)[-1]}"
+
+
 def count_records(file: Path, key: str) -> int:
-    """Records in a data file (a .txt file is one document), checking every jsonl line parses.
+    """Records in a data file (a .txt file is one document), checking every text, jsonl and json line is UTF-8,
+    every jsonl line or json array item is a JSON object, and a csv file parses.
 
     Raises:
-        UserError: The file is empty or holds no record, a text or jsonl line is not UTF-8 or a jsonl line is not
-            a JSON object (file:line), or a parquet file cannot be read.
+        UserError: The file is empty or holds no record, a line is not UTF-8 or a jsonl line is not a JSON object
+            (file:line), a json file is not valid JSON (file:line:column), or a parquet or csv file cannot be read.
     """
     import pyarrow.parquet as pq
 
     if file.stat().st_size == 0:
         raise UserError(f"{key}: {file} is empty; remove it or add data")
     suffix = file.suffix.lower()
-    if suffix == ".txt":
-        try:
-            with open(file, "rb") as fh:
-                for lineno, raw in enumerate(fh, 1):
-                    decode_line(raw, file, lineno)
-        except ValueError as err:
-            raise UserError(f"{key}: {err}") from None
-        return 1
-    if suffix == ".jsonl":
-        try:
-            num = len(read_jsonl(file))
-        except ValueError as err:  # read_jsonl's errors name the file and line
-            raise UserError(f"{key}: {err}") from None
-    else:
+    if suffix == ".parquet":
         try:
             num = pq.read_metadata(file).num_rows
         except Exception as err:  # noqa: BLE001 — pyarrow's errors for a file that is not parquet
             raise UserError(f"{key}: {file} is not a readable parquet file ({root_cause(err)})") from None
+    else:
+        try:
+            if suffix == ".txt":  # one document: only its encoding is checked
+                _check_utf8(file)
+                num = 1
+            elif suffix == ".jsonl":
+                num = len(read_jsonl(file))
+            else:
+                num = _count_json(file) if suffix == ".json" else _count_csv(file)
+        except ValueError as err:  # their messages name the file and line
+            raise UserError(f"{key}: {err}") from None
     if not num:
         raise UserError(f"{key}: {file} has no records; remove it or add data")
     return num
+
+
+def _utf8_lines(file: Path) -> Iterator[str]:
+    """The lines of `file`, decoded (a ValueError names the line that is not UTF-8)."""
+    with open(file, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            yield decode_line(raw, file, lineno)
+
+
+def _check_utf8(file: Path) -> None:
+    for _ in _utf8_lines(file):
+        pass
+
+
+def _count_json(file: Path) -> int:
+    """Records in a .json file: a JSON array of objects, or JSON lines (what `datasets`' json loader reads).
+
+    Raises:
+        ValueError: Not UTF-8 or not valid JSON (file:line[:column]), or an item that is not an object.
+    """
+    text = "".join(_utf8_lines(file))
+    if not text.lstrip().startswith("["):
+        return len(read_jsonl(file))
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}:{err.lineno}:{err.colno}: not valid JSON ({err.msg}); fix the file") from None
+    for i, record in enumerate(records, 1):
+        if not isinstance(record, dict):
+            raise ValueError(f"{file}: item {i} of the JSON array is {type(record).__name__}, not a JSON object")
+    return len(records)
+
+
+def _count_csv(file: Path) -> int:
+    """Records of a .csv file (after its header line), parsed by pandas as `datasets`' csv loader does.
+
+    Raises:
+        ValueError: Not UTF-8 (file:line) or not parseable (pandas names the line).
+    """
+    import pandas as pd
+
+    _check_utf8(file)
+    try:
+        return len(pd.read_csv(file, dtype=str, na_filter=False))
+    except ValueError as err:  # pandas' ParserError and EmptyDataError
+        raise ValueError(f"{file} is not a readable CSV file ({root_cause(err)})") from None
 
 
 def load_rows(files: DataFiles, cache_dir: str) -> tuple[list[Row], list[str]]:
@@ -149,11 +198,9 @@ def load_rows(files: DataFiles, cache_dir: str) -> tuple[list[Row], list[str]]:
     """
     from datasets import load_dataset
 
-    kwargs = {"sample_by": "document"} if files.format == "text" else {}
     try:
-        ds = load_dataset(
-            files.format, data_files=[str(f) for f in files.files], split="train", cache_dir=cache_dir, **kwargs
-        )
+        ds = load_dataset(files.format, data_files=[str(f) for f in files.files], split="train", cache_dir=cache_dir,
+                          **_loader_options(files))
     except Exception as err:  # noqa: BLE001 — any failure here is in the user's files; say which
         raise UserError(
             f"{files.key}: datasets could not read {files.root}: {root_cause(err)}; all files of one dataset need "
@@ -164,6 +211,20 @@ def load_rows(files: DataFiles, cache_dir: str) -> tuple[list[Row], list[str]]:
     return [Row(src, num, values) for (src, num), values in zip(where, ds.to_list())], list(ds.column_names)
 
 
+def _loader_options(files: DataFiles) -> dict[str, Any]:
+    """Options of `files.format`'s `datasets` loader: a .txt file is one document; a csv cell is text as written
+    (no numbers, and an empty cell is ``""``, not null)."""
+    if files.format == "text":
+        return {"sample_by": "document"}
+    if files.format == "csv":
+        import pandas as pd
+        from datasets import Features, Value
+
+        header = pd.read_csv(files.files[0], nrows=0).columns
+        return {"na_filter": False, "features": Features({c: Value("string") for c in header})}
+    return {}
+
+
 def _require(columns: list[str], needed: Iterable[str], files: DataFiles, shape: str) -> None:
     missing = [c for c in needed if c not in columns]
     if missing:
@@ -171,23 +232,6 @@ def _require(columns: list[str], needed: Iterable[str], files: DataFiles, shape:
             f"{files.key}: {files.root} has no column {', '.join(f'`{c}`' for c in missing)} "
             f"(found: {', '.join(columns) or 'none'}); {shape}"
         )
-
-
-def _messages(value: Any, role: str, where: str, column: str) -> list[dict[str, str]]:
-    """A string as one `role` message, or a validated list of ``{role, content}`` messages."""
-    if value is None:
-        raise UserError(f"{where}: `{column}` is missing (or null); give it a string or a list of {{role, content}}")
-    if isinstance(value, str) and value.strip():
-        return [{"role": role, "content": value}]
-    ok = isinstance(value, list) and value and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
-    )
-    if not ok:
-        raise UserError(
-            f"{where}: `{column}` must be a non-empty string or a list of {{role, content}} messages, "
-            f"got {json.dumps(value, default=str)[:80]}"
-        )
-    return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
 def pretrain_documents(files: DataFiles, rows: list[Row], columns: list[str], max_chars: int) -> list[dict[str, Any]]:
@@ -209,74 +253,27 @@ def pretrain_documents(files: DataFiles, rows: list[Row], columns: list[str], ma
     return docs
 
 
-def sft_rows(files: DataFiles, rows: list[Row], columns: list[str]) -> list[dict[str, Any]]:
-    """Chat rows ``{"messages", "name", "source"}``; `prompt` + `completion` become a user and an assistant turn.
-
-    Raises:
-        UserError: Neither accepted shape is present, or a row's messages are malformed or have no assistant turn.
-    """
-    if "messages" not in columns:
-        _require(columns, ["prompt", "completion"], files, f"SFT data needs {SFT_SHAPES}")
-    out = []
-    for row in rows:
-        where, v = row.where(files), row.values
-        if "messages" in columns:
-            if isinstance(v["messages"], str):
-                raise UserError(f"{where}: `messages` must be a list of {{role, content}} messages, not a string")
-            messages = _messages(v["messages"], "user", where, "messages")
-        else:
-            messages = _messages(v["prompt"], "user", where, "prompt") + _messages(
-                v["completion"], "assistant", where, "completion"
-            )
-        if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
-            raise UserError(f"{where}: no assistant message with content to learn from; add a "
-                            "{role: assistant, content} turn")
-        out.append({"messages": messages, "name": f"{row.source}:{row.number}", "source": row.source})
-    return out
-
-
-def preference_rows(files: DataFiles, rows: list[Row], columns: list[str]) -> list[dict[str, Any]]:
-    """TRL conversational preference rows ``{"prompt", "chosen", "rejected", "corruption": "none", "name", "source"}``.
-
-    Strings become one message (user for the prompt, assistant for the answers).
-
-    Raises:
-        UserError: A column of `prompt`/`chosen`/`rejected` is missing, or a value is empty or malformed.
-    """
-    _require(columns, PREFERENCE_COLUMNS, files, "preference data needs `prompt`, `chosen` and `rejected` columns")
-    out = []
-    for row in rows:
-        where, v = row.where(files), row.values
-        out.append(
-            {
-                "prompt": _messages(v["prompt"], "user", where, "prompt"),
-                "chosen": _messages(v["chosen"], "assistant", where, "chosen"),
-                "rejected": _messages(v["rejected"], "assistant", where, "rejected"),
-                "corruption": "none",
-                "name": f"{row.source}:{row.number}",
-                "source": row.source,
-            }
-        )
-    return out
-
-
-def hf_local_files(root: Path) -> DataFiles:
-    """Check a local dataset folder or file given as `data.hf.name` the way :func:`find_files` checks local data.
+def hf_local_files(root: Path, key: str) -> DataFiles:
+    """Check a local dataset folder or file given as a hub dataset name the way :func:`find_files` checks local data.
 
     A folder may hold other files (a README, a dataset card); only its data files are checked.
 
+    Args:
+        root: The folder or file.
+        key: The params key that names it, e.g. ``data.hf.name`` (for messages).
+
     Raises:
-        UserError: No data file, an empty file, or a jsonl line that is not a JSON object.
+        UserError: No data file, an empty file, or a line or file that does not parse (see :func:`count_records`).
     """
     if root.is_file():
-        return find_files(root, "data.hf.name")
+        return find_files(root, key)
     files = sorted(f for f in root.rglob("*") if f.is_file() and not _hidden(f.relative_to(root)))
     data_files = [f for f in files if f.suffix.lower() in FORMATS]
     if not data_files:
-        raise UserError(f"data.hf.name: folder {root} has no data files; add .jsonl, .parquet or .txt files")
+        raise UserError(f"{key}: folder {root} has no data files; add {_suffixes()} files")
     for f in data_files:
-        count_records(f, "data.hf.name")
-    return DataFiles("data.hf.name", root, "", tuple(files))
+        count_records(f, key)
+    return DataFiles(key, root, "", tuple(files))
 
 
 def hf_documents(hf: HFSourceParams, max_chars: int, cache_dir: str) -> tuple[list[dict[str, Any]], DataFiles | None]:
@@ -293,8 +290,8 @@ def hf_documents(hf: HFSourceParams, max_chars: int, cache_dir: str) -> tuple[li
         UserError: The dataset cannot be loaded, lacks `hf.text_field`, or a text is not a string.
     """
     local = Path(hf.name)
-    files = hf_local_files(local) if local.exists() else None
-    ds = _load_hf(hf, files, cache_dir)
+    files = hf_local_files(local, "data.hf.name") if local.exists() else None
+    ds = load_hub("data.hf.name", hf.name, hf.config, hf.split, files, cache_dir, hf.streaming)
     if ds.column_names is not None:  # a streamed dataset may not know its columns before the first row
         _require_text_field(hf, list(ds.column_names))
     source = f"{local.name if files else hf.name}:{hf.split}"
@@ -310,22 +307,34 @@ def hf_documents(hf: HFSourceParams, max_chars: int, cache_dir: str) -> tuple[li
     return docs, files
 
 
-def _load_hf(hf: HFSourceParams, files: DataFiles | None, cache_dir: str) -> Any:
-    """``load_dataset`` of `hf.name`: a local file by its format loader, a folder or hub name as a dataset."""
+def load_hub(key: str, name: str, config: str | None, split: str, files: DataFiles | None, cache_dir: str,
+             streaming: bool = False) -> Any:
+    """``load_dataset(name, config, split=split)``: a local file by its format loader, a folder or hub name as a
+    dataset.
+
+    Args:
+        key: The params key that names the dataset (for messages).
+        name: A hub dataset name, or a local folder or file.
+        config: The dataset configuration, or None.
+        split: The split (`datasets` slices such as ``train[:100]`` work).
+        files: :func:`hf_local_files` of a local `name`; None for a hub name.
+        cache_dir: Arrow cache folder for a local dataset (a hub dataset uses the HF cache: it downloads once).
+        streaming: Return an iterable dataset that reads as it goes.
+
+    Raises:
+        UserError: `datasets` cannot load it (offline and not cached, a missing split or config, unreadable files).
+    """
     from datasets import load_dataset
 
     if files is not None and files.root.is_file():
-        args, kwargs = (files.format,), {"data_files": str(files.root)}
+        args, kwargs = (files.format,), {"data_files": str(files.root), **_loader_options(files)}
     else:
-        args, kwargs = (hf.name, hf.config), {}
-    if files is not None and files.format == "text":
-        kwargs["sample_by"] = "document"
-    cache = cache_dir if files else None  # a hub dataset uses the HF cache, so it is downloaded once
+        args, kwargs = (name, config), {}
     try:
-        return load_dataset(*args, split=hf.split, streaming=hf.streaming, cache_dir=cache, **kwargs)
+        return load_dataset(*args, split=split, streaming=streaming, cache_dir=cache_dir if files else None, **kwargs)
     except Exception as err:  # noqa: BLE001 — report it as the user's dataset problem
         raise UserError(
-            f"data.hf.name: could not load {hf.name!r} (config {hf.config!r}, split {hf.split!r}): "
+            f"{key}: could not load {name!r} (config {config!r}, split {split!r}): "
             f"{root_cause(err)}; a hub name needs the network or the HF cache, a local path must exist"
         ) from None
 
@@ -338,22 +347,89 @@ def _require_text_field(hf: HFSourceParams, columns: list[str]) -> None:
         )
 
 
-def content_sha256(read: list[DataFiles], hub_docs: list[dict[str, Any]]) -> str:
-    """sha256 (hex) over (key, relative path, bytes) of the files read, then the texts of hub documents."""
+def local_records(path: str, kind: str, shape: str, cache_dir: str) -> tuple[formats.Records, DataFiles]:
+    """The `kind` (``sft`` | ``preference``) records of the files at `path` (`data.local.<kind>`).
+
+    Args:
+        path: A file or folder (see :func:`find_files`).
+        kind: ``sft`` or ``preference``.
+        shape: `data.local.<kind>_format`.
+        cache_dir: Arrow cache folder for `datasets`.
+
+    Returns:
+        The records (each names its file and row), and the files read.
+
+    Raises:
+        UserError: See :func:`find_files` and :func:`load_rows`.
+    """
+    key = f"data.local.{kind}"
+    files = find_files(path, key)
+    rows, columns = load_rows(files, cache_dir)
+    records = [formats.Record(r.values, r.source, f"{r.source}:{r.number}", r.where(files)) for r in rows]
+    return formats.Records(key, str(files.root), columns, records, shape, f"{key}_format"), files
+
+
+def hub_records(hub: HFRecordsParams, kind: str, cache_dir: str) -> tuple[formats.Records, DataFiles | None]:
+    """The `kind` (``sft`` | ``preference``) records of ``load_dataset(hub.dataset_name, hub.dataset_config,
+    split=hub.split)`` (`data.hf_<kind>`); a local folder or file is checked first, as for `data.hf.name`.
+
+    Returns:
+        The records (each names its row in the split), and the local files read (None for a hub dataset).
+
+    Raises:
+        UserError: The dataset cannot be loaded, or a local one fails the checks of :func:`hf_local_files`.
+    """
+    key = f"data.hf_{kind}.dataset_name"
+    local = Path(hub.dataset_name)
+    files = hf_local_files(local, key) if local.exists() else None
+    ds = load_hub(key, hub.dataset_name, hub.dataset_config, hub.split, files, cache_dir)
+    source = f"{local.name if files else hub.dataset_name}:{hub.split}"
+    label = f"{hub.dataset_name} (split {hub.split})"
+    rows = [formats.Record(values, source, f"{source}:{i}", f"{key}: {label} row {i}")
+            for i, values in enumerate(ds.to_list(), 1)]
+    return formats.Records(key, label, list(ds.column_names), rows, hub.format, f"data.hf_{kind}.format"), files
+
+
+def content_sha256(read: list[DataFiles], hub_texts: Iterable[str]) -> str:
+    """sha256 (hex) over (key, relative path, bytes) of the files read, then the texts read from the hub."""
     digest = hashlib.sha256()
     for files in read:
         for f in files.files:
             raw = f.read_bytes()
             digest.update(f"{files.key}/{files.rel(f)}".encode() + b"\0" + len(raw).to_bytes(8, "big") + raw)
-    for doc in hub_docs:
-        raw = doc["text"].encode()
+    for text in hub_texts:
+        raw = text.encode()
         digest.update(len(raw).to_bytes(8, "big") + raw)
     return digest.hexdigest()
 
 
-def _load_all(data: DataParams) -> tuple[Rows, Rows, Rows, list[DataFiles], bool]:
-    """Pretraining documents, SFT rows, preference rows, the local files read, and whether the text is from the hub."""
+@dataclass
+class _Loaded:
+    """What :func:`_load_all` read.
+
+    Attributes:
+        docs: Pretraining documents.
+        sft: SFT rows (none when no SFT data is given).
+        preference: Preference rows (none when no preference data is given).
+        read: The local files read.
+        hub: ``<key> = <name>`` of each SFT or preference dataset read from the hub (not a local path).
+        hub_texts: What the hub gave, for the content hash: pretraining texts, then those datasets' rows as JSON.
+    """
+
+    docs: Rows
+    sft: formats.Normalised
+    preference: formats.Normalised
+    read: list[DataFiles]
+    hub: list[str]
+    hub_texts: list[str]
+
+
+def _load_all(data: DataParams) -> _Loaded:
+    """Pretraining documents of `data.local.pretrain` / `data.hf`, and the SFT and preference rows of
+    `data.local` / `data.hf_sft` / `data.hf_preference`."""
     read: list[DataFiles] = []
+    hub: list[str] = []
+    hub_texts: list[str] = []
     with tempfile.TemporaryDirectory(prefix="llmpipe-datasets-") as cache:
         if data.source == "local":
             read.append(find_files(data.local.pretrain, "data.local.pretrain"))
@@ -361,16 +437,23 @@ def _load_all(data: DataParams) -> tuple[Rows, Rows, Rows, list[DataFiles], bool
         else:
             docs, files = hf_documents(data.hf, data.max_chars_per_document, cache)
             read += [files] if files else []
-        sft: Rows = []
-        preference: Rows = []
-        if data.local.sft:
-            read.append(find_files(data.local.sft, "data.local.sft"))
-            sft = sft_rows(read[-1], *load_rows(read[-1], cache))
-        if data.local.preference:
-            read.append(find_files(data.local.preference, "data.local.preference"))
-            preference = preference_rows(read[-1], *load_rows(read[-1], cache))
-    from_hub = data.source == "hf" and not Path(data.hf.name).exists()
-    return docs, sft, preference, read, from_hub
+            hub_texts += [] if files else [d["text"] for d in docs]
+        normalised = {}
+        for kind, normalise in (("sft", formats.sft_rows), ("preference", formats.preference_rows)):
+            local, remote = getattr(data.local, kind), getattr(data, f"hf_{kind}")
+            if local is None and remote.dataset_name is None:
+                normalised[kind] = formats.Normalised([], 0)
+                continue
+            if local is not None:
+                records, files = local_records(local, kind, getattr(data.local, f"{kind}_format"), cache)
+            else:
+                records, files = hub_records(remote, kind, cache)
+            normalised[kind] = normalise(records)
+            read += [files] if files else []
+            if files is None:
+                hub.append(f"{records.key} = {records.label}")
+                hub_texts += [json.dumps(row, sort_keys=True) for row in normalised[kind].rows]
+    return _Loaded(docs, normalised["sft"], normalised["preference"], read, hub, hub_texts)
 
 
 def _prompt_key(messages: list[dict[str, str]]) -> str:
@@ -380,29 +463,35 @@ def _prompt_key(messages: list[dict[str, str]]) -> str:
 
 
 def build_corpus(data: DataParams) -> Corpus:
-    """Read `data.local` / `data.hf`, split every dataset by the hash of (seed, content) and return it.
+    """Read `data.local` / `data.hf` / `data.hf_sft` / `data.hf_preference`, split every dataset by the hash of
+    (seed, content) and return it.
 
     Pretraining documents are keyed by their text, SFT rows by the conversation before the last assistant
     turn, preference rows by their prompt: equal keys share a split, so a duplicate never straddles two.
-    `data.local.sft` and `data.local.preference` are read for both sources; the signature MC set is empty.
+    SFT and preference data are read for both sources; the signature MC set is empty.
 
     Raises:
-        UserError: Any problem with the given paths or their contents (see :func:`find_files` and the row
-            builders).
+        UserError: Any problem with the given paths or their contents (see :func:`find_files`, :func:`load_hub`
+            and :mod:`llmpipe.data.formats`).
     """
-    docs, sft, preference, read, from_hub = _load_all(data)
+    loaded = _load_all(data)
     seed, vf, tf = data.seed, data.validation_fraction, data.test_fraction
+    from_hub = data.source == "hf" and not Path(data.hf.name).exists()
     where = data.hf.name if data.source == "hf" else data.local.pretrain
     return Corpus(
-        pretrain=split_by_key(docs, lambda d: d["text"], seed, vf, tf),
-        sft=split_by_key(sft, lambda r: _prompt_key(r["messages"]), seed, vf, tf),
-        preference=split_by_key(preference, lambda r: json.dumps(r["prompt"], sort_keys=True), seed, vf, tf),
+        pretrain=split_by_key(loaded.docs, lambda d: d["text"], seed, vf, tf),
+        sft=split_by_key(loaded.sft.rows, lambda r: _prompt_key(r["messages"]), seed, vf, tf),
+        preference=split_by_key(loaded.preference.rows, lambda r: json.dumps(r["prompt"], sort_keys=True), seed, vf,
+                                tf),
         manifest={
             "source": data.source,
             "description": f"{'hub dataset' if from_hub else 'local data'} {where}"
-            + "".join(f"; {f.key} = {f.root} ({len(f.files)} files)" for f in read),
-            "num_files": sum(len(f.files) for f in read),
+            + "".join(f"; {f.key} = {f.root} ({len(f.files)} files)" for f in loaded.read)
+            + "".join(f"; {h} (hub)" for h in loaded.hub),
+            "num_files": sum(len(f.files) for f in loaded.read),
             "num_skipped_files": 0,
-            "content_sha256": content_sha256(read, docs if from_hub else []),
+            "content_sha256": content_sha256(loaded.read, loaded.hub_texts),
         },
+        num_empty_responses={"sft": loaded.sft.num_empty_responses,
+                             "preference": loaded.preference.num_empty_responses},
     )

@@ -36,7 +36,9 @@ def run(params: Params) -> dict[str, float]:
         Numbers only (DVC metrics): ``python_major``, ``python_minor`` (the interpreter whose stdlib was
         read), ``num_files``, ``num_skipped_files``, ``content_hash_int`` (first 12 hex digits of the content sha256 as an int),
         ``num_documents_<split>``, ``num_sft_<split>``, ``num_preference_<split>``,
-        ``num_preference_<corruption>_train``, ``num_eval_<set>``, ``num_chars_train``.
+        ``num_preference_<corruption>_train``, ``num_eval_<set>``, ``num_chars_train``, and
+        ``num_sft_empty_responses``, ``num_preference_empty_responses`` (users' records left out for an empty
+        response).
 
     Raises:
         UserError: Bad data paths or contents, an input inside an output folder, or too few documents.
@@ -63,12 +65,15 @@ def build_corpus(data: DataParams) -> Corpus:
 
 def _check_inputs_outside(data: DataParams, root: Path) -> None:
     """Refuse inputs under a folder `prepare` replaces (they would be deleted by the write)."""
+    if data.source == "stdlib":  # users' data is read only with data.source local or hf
+        return
     inputs = {"data.local.pretrain": data.local.pretrain, "data.local.sft": data.local.sft,
-              "data.local.preference": data.local.preference}
+              "data.local.preference": data.local.preference, "data.hf_sft.dataset_name": data.hf_sft.dataset_name,
+              "data.hf_preference.dataset_name": data.hf_preference.dataset_name}
     if data.source == "hf":
         inputs["data.hf.name"] = data.hf.name
     for key, value in inputs.items():
-        if value is None or (key.startswith("data.local") and data.source == "stdlib"):
+        if value is None:
             continue
         for folder in FOLDERS:
             if Path(value).resolve().is_relative_to((root / folder).resolve()):
@@ -153,4 +158,6 @@ def metrics(corpus: Corpus, evals: dict[str, list[dict[str, Any]]]) -> dict[str,
     for name in EVAL_SETS:
         out[f"num_eval_{name}"] = len(evals[name])
     out["num_chars_train"] = sum(len(d["text"]) for d in corpus.pretrain["train"])
+    for kind, num in corpus.num_empty_responses.items():
+        out[f"num_{kind}_empty_responses"] = num
     return out
