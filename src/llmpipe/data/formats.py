@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 Message = dict[str, str]
 Row = dict[str, Any]
+Pair = tuple[list[Message], list[Message], list[Message]]
+"""(prompt, chosen, rejected)."""
 
 SFT_SHAPES: dict[str, tuple[str, ...]] = {
     "messages": ("messages",),
@@ -290,6 +292,12 @@ def _prompt(value: Any, where: str) -> list[Message]:
     return turns
 
 
+def _system(values: dict[str, Any], where: str) -> list[Message]:
+    """The optional `system` column as a system turn (none when absent or empty)."""
+    system = _optional_string(values, "system", where)
+    return [{"role": "system", "content": system}] if system else []
+
+
 def _messages_record(values: dict[str, Any], where: str) -> list[Message]:
     hint = " (a CSV cell holds text only: give message lists in .jsonl, .json or .parquet)"
     return _message_list(values["messages"], where, "messages", hint)
@@ -300,8 +308,7 @@ def _prompt_completion(values: dict[str, Any], where: str) -> list[Message]:
 
 
 def _alpaca(values: dict[str, Any], where: str) -> list[Message]:
-    system = _optional_string(values, "system", where)
-    messages = [{"role": "system", "content": system}] if system else []
+    messages = _system(values, where)
     for turn in values.get("history") or []:
         if not (isinstance(turn, list) and len(turn) == 2 and all(isinstance(t, str) for t in turn)):
             raise UserError(f"{where}: `history` must be a list of [query, response] string pairs; got {_show(turn)}")
@@ -319,8 +326,7 @@ def _sharegpt(values: dict[str, Any], where: str) -> list[Message]:
     if not isinstance(turns, list) or not turns:
         raise UserError(f"{where}: `conversations` must be a non-empty list of {{from, value}} turns, got "
                         f"{_show(turns)}")
-    system = _optional_string(values, "system", where)
-    messages = [{"role": "system", "content": system}] if system else []
+    messages = _system(values, where)
     for i, turn in enumerate(turns, 1):
         if not (isinstance(turn, dict) and isinstance(turn.get("from"), str) and isinstance(turn.get("value"), str)):
             raise UserError(f"{where}: `conversations` must be a list of {{from, value}} turns with string from and "
@@ -331,9 +337,6 @@ def _sharegpt(values: dict[str, Any], where: str) -> list[Message]:
                             f"{', '.join(SHAREGPT_ROLES)}")
         messages.append({"role": role, "content": turn["value"]})
     return messages
-
-
-Pair = tuple[list[Message], list[Message], list[Message]]
 
 
 def _explicit_prompt(values: dict[str, Any], where: str) -> Pair:
