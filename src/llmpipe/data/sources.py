@@ -40,9 +40,9 @@ class DataFiles:
         key: The params key they come from, e.g. ``data.local.sft`` (for error messages).
         root: The file or folder as given.
         format: ``json``, ``parquet`` or ``text`` (a `datasets` packaged loader); ``""`` for a dataset folder
-            given as `data.hf.name`, which `datasets` reads by its own rules.
+            given as `data.hf.dataset_name`, which `datasets` reads by its own rules.
         files: The files, sorted; hidden files and folders are ignored.
-        num_records: Records in each file (a .txt file is one); empty for a `data.hf.name` folder.
+        num_records: Records in each file (a .txt file is one); empty for a `data.hf.dataset_name` folder.
     """
 
     key: str
@@ -261,7 +261,7 @@ def preference_rows(files: DataFiles, rows: list[Row], columns: list[str]) -> li
 
 
 def hf_local_files(root: Path) -> DataFiles:
-    """Check a local dataset folder or file given as `data.hf.name` the way :func:`find_files` checks local data.
+    """Check a local dataset folder or file given as `data.hf.dataset_name` the way :func:`find_files` checks local data.
 
     A folder may hold other files (a README, a dataset card); only its data files are checked.
 
@@ -269,41 +269,41 @@ def hf_local_files(root: Path) -> DataFiles:
         UserError: No data file, an empty file, or a jsonl line that is not a JSON object.
     """
     if root.is_file():
-        return find_files(root, "data.hf.name")
+        return find_files(root, "data.hf.dataset_name")
     files = sorted(f for f in root.rglob("*") if f.is_file() and not _hidden(f.relative_to(root)))
     data_files = [f for f in files if f.suffix.lower() in FORMATS]
     if not data_files:
-        raise UserError(f"data.hf.name: folder {root} has no data files; add .jsonl, .parquet or .txt files")
+        raise UserError(f"data.hf.dataset_name: folder {root} has no data files; add .jsonl, .parquet or .txt files")
     for f in data_files:
-        count_records(f, "data.hf.name")
-    return DataFiles("data.hf.name", root, "", tuple(files))
+        count_records(f, "data.hf.dataset_name")
+    return DataFiles("data.hf.dataset_name", root, "", tuple(files))
 
 
 def hf_documents(hf: HFSourceParams, max_chars: int, cache_dir: str) -> tuple[list[dict[str, Any]], DataFiles | None]:
-    """Documents ``{"text", "source"}`` from ``load_dataset(hf.name, hf.config, split=hf.split)``.
+    """Documents ``{"text", "source"}`` from ``load_dataset(hf.dataset_name, hf.dataset_config, split=hf.split)``.
 
-    A local folder as `hf.name` is loaded by `datasets`' folder inference, a local file by its format
+    A local folder as `hf.dataset_name` is loaded by `datasets`' folder inference, a local file by its format
     loader (both checked first, jsonl line by line); anything else is a hub name, which needs the network or
-    the HF cache. At most `hf.max_documents` rows are read (streamed when `hf.streaming`).
+    the HF cache. At most `hf.max_documents` rows are read, streamed (so a hub dataset is not downloaded whole).
 
     Returns:
         The documents, and the local files read (None for a hub dataset).
 
     Raises:
-        UserError: The dataset cannot be loaded, lacks `hf.text_field`, or a text is not a string.
+        UserError: The dataset cannot be loaded, lacks `hf.text_column`, or a text is not a string.
     """
-    local = Path(hf.name)
+    local = Path(hf.dataset_name)
     files = hf_local_files(local) if local.exists() else None
     ds = _load_hf(hf, files, cache_dir)
     if ds.column_names is not None:  # a streamed dataset may not know its columns before the first row
-        _require_text_field(hf, list(ds.column_names))
-    source = f"{local.name if files else hf.name}:{hf.split}"
+        _require_text_column(hf, list(ds.column_names))
+    source = f"{local.name if files else hf.dataset_name}:{hf.split}"
     docs = []
     for i, row in enumerate(itertools.islice(ds, hf.max_documents)):
-        _require_text_field(hf, list(row))
-        text = row[hf.text_field]
+        _require_text_column(hf, list(row))
+        text = row[hf.text_column]
         if not isinstance(text, str):
-            raise UserError(f"data.hf.name: {hf.name!r} row {i + 1}: `{hf.text_field}` is {type(text).__name__}, "
+            raise UserError(f"data.hf.dataset_name: {hf.dataset_name!r} row {i + 1}: `{hf.text_column}` is {type(text).__name__}, "
                             "not a string")
         if text.strip():
             docs.append({"text": text[:max_chars], "source": source})
@@ -311,30 +311,30 @@ def hf_documents(hf: HFSourceParams, max_chars: int, cache_dir: str) -> tuple[li
 
 
 def _load_hf(hf: HFSourceParams, files: DataFiles | None, cache_dir: str) -> Any:
-    """``load_dataset`` of `hf.name`: a local file by its format loader, a folder or hub name as a dataset."""
+    """``load_dataset`` of `hf.dataset_name`: a local file by its format loader, a folder or hub name as a dataset."""
     from datasets import load_dataset
 
     if files is not None and files.root.is_file():
         args, kwargs = (files.format,), {"data_files": str(files.root)}
     else:
-        args, kwargs = (hf.name, hf.config), {}
+        args, kwargs = (hf.dataset_name, hf.dataset_config), {}
     if files is not None and files.format == "text":
         kwargs["sample_by"] = "document"
     cache = cache_dir if files else None  # a hub dataset uses the HF cache, so it is downloaded once
     try:
-        return load_dataset(*args, split=hf.split, streaming=hf.streaming, cache_dir=cache, **kwargs)
+        return load_dataset(*args, split=hf.split, streaming=hf.max_documents is not None, cache_dir=cache, **kwargs)
     except Exception as err:  # noqa: BLE001 — report it as the user's dataset problem
         raise UserError(
-            f"data.hf.name: could not load {hf.name!r} (config {hf.config!r}, split {hf.split!r}): "
+            f"data.hf.dataset_name: could not load {hf.dataset_name!r} (config {hf.dataset_config!r}, split {hf.split!r}): "
             f"{root_cause(err)}; a hub name needs the network or the HF cache, a local path must exist"
         ) from None
 
 
-def _require_text_field(hf: HFSourceParams, columns: list[str]) -> None:
-    if hf.text_field not in columns:
+def _require_text_column(hf: HFSourceParams, columns: list[str]) -> None:
+    if hf.text_column not in columns:
         raise UserError(
-            f"data.hf.text_field: {hf.name!r} has no column `{hf.text_field}` (found: {', '.join(columns)}); "
-            "set data.hf.text_field to the column holding the text"
+            f"data.hf.text_column: {hf.dataset_name!r} has no column `{hf.text_column}` (found: {', '.join(columns)}); "
+            "set data.hf.text_column to the column holding the text"
         )
 
 
@@ -355,7 +355,11 @@ def _load_all(data: DataParams) -> tuple[Rows, Rows, Rows, list[DataFiles], bool
     """Pretraining documents, SFT rows, preference rows, the local files read, and whether the text is from the hub."""
     read: list[DataFiles] = []
     with tempfile.TemporaryDirectory(prefix="llmpipe-datasets-") as cache:
-        if data.source == "local":
+        if data.streaming:  # pretrain streams the source; prepare keeps a sample for the tokenizer and held-out splits
+            from llmpipe.data.stream import sample
+
+            docs = sample(data, data.stream.sample_documents, cache)
+        elif data.source == "local":
             read.append(find_files(data.local.pretrain, "data.local.pretrain"))
             docs = pretrain_documents(read[-1], *load_rows(read[-1], cache), data.max_chars_per_document)
         else:
@@ -369,7 +373,7 @@ def _load_all(data: DataParams) -> tuple[Rows, Rows, Rows, list[DataFiles], bool
         if data.local.preference:
             read.append(find_files(data.local.preference, "data.local.preference"))
             preference = preference_rows(read[-1], *load_rows(read[-1], cache))
-    from_hub = data.source == "hf" and not Path(data.hf.name).exists()
+    from_hub = data.streaming or (data.source == "hf" and not Path(data.hf.dataset_name).exists())
     return docs, sft, preference, read, from_hub
 
 
@@ -392,14 +396,15 @@ def build_corpus(data: DataParams) -> Corpus:
     """
     docs, sft, preference, read, from_hub = _load_all(data)
     seed, vf, tf = data.seed, data.validation_fraction, data.test_fraction
-    where = data.hf.name if data.source == "hf" else data.local.pretrain
+    where = {"hf": data.hf.dataset_name, "local": data.local.pretrain}.get(data.source, "data.mixture")
     return Corpus(
-        pretrain=split_by_key(docs, lambda d: d["text"], seed, vf, tf),
+        pretrain=split_by_key(docs, lambda d: d["text"], seed, vf, tf, fill_empty=not data.streaming),
         sft=split_by_key(sft, lambda r: _prompt_key(r["messages"]), seed, vf, tf),
         preference=split_by_key(preference, lambda r: json.dumps(r["prompt"], sort_keys=True), seed, vf, tf),
         manifest={
             "source": data.source,
-            "description": f"{'hub dataset' if from_hub else 'local data'} {where}"
+            "description": f"{'a sample of the stream ' if data.streaming else ''}"
+            f"{'hub dataset' if from_hub else 'local data'} {where}"
             + "".join(f"; {f.key} = {f.root} ({len(f.files)} files)" for f in read),
             "num_files": sum(len(f.files) for f in read),
             "num_skipped_files": 0,

@@ -66,7 +66,9 @@ def _check_inputs_outside(data: DataParams, root: Path) -> None:
     inputs = {"data.local.pretrain": data.local.pretrain, "data.local.sft": data.local.sft,
               "data.local.preference": data.local.preference}
     if data.source == "hf":
-        inputs["data.hf.name"] = data.hf.name
+        inputs["data.hf.dataset_name"] = data.hf.dataset_name
+    if data.source == "mixture":
+        inputs.update({f"data.mixture[{i}].dataset_name": s.dataset_name for i, s in enumerate(data.mixture)})
     for key, value in inputs.items():
         if value is None or (key.startswith("data.local") and data.source == "stdlib"):
             continue
@@ -81,7 +83,9 @@ def data_key(data: DataParams) -> str:
     if data.source == "local":
         return f"data.local.pretrain: {data.local.pretrain}"
     if data.source == "hf":
-        return f"data.hf.name: {data.hf.name}"
+        return f"data.hf.dataset_name: {data.hf.dataset_name}"
+    if data.source == "mixture":
+        return "data.mixture: " + ", ".join(str(s.dataset_name) for s in data.mixture)
     return "data.source: stdlib"
 
 
@@ -90,8 +94,8 @@ def _check_nonempty(corpus: Corpus, where: str) -> None:
     if not counts["train"]:
         raise UserError(f"{where}: no documents with text; check the data paths")
     if not all(counts.values()):
-        raise UserError(f"{where}: too few distinct documents to split ({counts}); "
-                        "give at least 3 so train, validation and test each get one")
+        raise UserError(f"{where}: too few distinct documents to split ({counts}); give at least 3 so train, "
+                        "validation and test each get one (a stream: raise data.stream.sample_documents)")
 
 
 def manifest(corpus: Corpus, evals: dict[str, list[dict[str, Any]]], data: DataParams) -> dict[str, Any]:
