@@ -223,7 +223,7 @@ def test_a_two_process_stream_reads_each_ranks_part_and_resumes(streamdir, tmp_p
 
 def test_list_presets_prints_each_hub_address(capsys):
     from llmpipe.cli import main
-    from llmpipe.data.presets import PRESETS
+    from llmpipe.presets import PRESETS
 
     assert main(["--list-presets"]) == 0
     out = capsys.readouterr().out

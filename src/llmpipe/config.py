@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from llmpipe.data import presets
+from llmpipe import presets
 from llmpipe.distributed.params import DistributedParams
 from llmpipe.errors import UserError
 from llmpipe.io import decode_line
