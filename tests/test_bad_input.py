@@ -366,8 +366,8 @@ CASES: dict[str, Bad] = {
         "prepare", ("data.local.pretrain: data/pretrain/train.jsonl is inside data/pretrain", "move it elsewhere"),
         local(pretrain="data/pretrain/train.jsonl")),
     "data: hub dataset without the text field": Bad(
-        "prepare", ("data.hf.text_field", "no column `story` (found: text)"),
-        {"data": {"source": "hf", "hf": {"name": "in/docs.jsonl", "text_field": "story"}}}),
+        "prepare", ("data.hf.text_column", "no column `story` (found: text)"),
+        {"data": {"source": "hf", "hf": {"dataset_name": "in/docs.jsonl", "text_column": "story"}}}),
     "data: prepared split missing for a training stage": Bad(
         "sft", ("data/sft/train.jsonl: missing", "dvc repro prepare"), setup=remove("data/sft")),
     # --- model and tokenizer folders ---

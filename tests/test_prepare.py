@@ -237,13 +237,14 @@ def test_hf_source_on_a_local_dataset_folder(tmp_path):
     write_jsonl(folder / "train.jsonl", [{"story": d["text"]} for d in documents(30)])
     write_jsonl(folder / "test.jsonl", [{"story": "held out by the dataset, not read"}])
     (folder / "README.md").write_text("A dataset card.\n")
-    data = {"source": "hf", "hf": {"name": str(folder), "split": "train", "text_field": "story", "max_documents": 25}}
+    data = {"source": "hf", "hf": {"dataset_name": str(folder), "split": "train", "text_column": "story",
+                                   "max_documents": 25}}
     metrics = prepare.run(make_params(tmp_path, data))
     rows = [d for s in SPLITS for d in load(tmp_path, "pretrain", s)]
     assert sorted(d["text"] for d in rows) == sorted(d["text"] for d in documents(30)[:25])
     assert {d["source"] for d in rows} == {"my_dataset:train"} and metrics["num_files"] == 3
-    streamed = prepare.run(make_params(tmp_path / "s", {**data, "hf": {**data["hf"], "streaming": True}}))
-    assert streamed == metrics
+    whole = prepare.run(make_params(tmp_path / "w", {**data, "hf": {**data["hf"], "max_documents": None}}))
+    assert sum(whole[f"num_documents_{s}"] for s in SPLITS) == 30
 
 
 # --- user mistakes -------------------------------------------------------------------------------------------
@@ -300,8 +301,8 @@ def test_missing_columns_name_the_column_and_the_shapes(tmp_path):
     write_jsonl(tmp_path / "mixed" / "b.jsonl", chats(1))
     with pytest.raises(UserError, match=r"data\.local\.sft: datasets could not read .*mixed: CastError.*same columns"):
         prepare.run(local(tmp_path, pretrain=str(docs), sft=str(tmp_path / "mixed")))
-    data = {"source": "hf", "hf": {"name": str(docs), "text_field": "story"}}
-    with pytest.raises(UserError, match=r"data\.hf\.text_field: .* no column `story` \(found: text\)"):
+    data = {"source": "hf", "hf": {"dataset_name": str(docs), "text_column": "story"}}
+    with pytest.raises(UserError, match=r"data\.hf\.text_column: .* no column `story` \(found: text\)"):
         prepare.run(make_params(tmp_path, data))
 
 
@@ -309,8 +310,8 @@ def test_too_few_documents_and_bad_params(tmp_path):
     one = write_jsonl(tmp_path / "one.jsonl", documents(2))
     with pytest.raises(UserError, match="too few distinct documents"):
         prepare.run(local(tmp_path, pretrain=str(one)))
-    with pytest.raises(ParamsError, match="max_documents"):
-        make_params(tmp_path, {"source": "hf", "hf": {"name": "x", "streaming": True}})
+    with pytest.raises(ParamsError, match="dataset_name nor data.hf.preset"):
+        make_params(tmp_path, {"source": "hf"})
     with pytest.raises(ParamsError, match="min_body_lines"):
         make_params(tmp_path, {"stdlib": {"min_body_lines": 5, "max_body_lines": 3}})
 

@@ -69,7 +69,7 @@ def identity(params: Params, stage: str, inputs: list[Path]) -> dict[str, Any]:
     """What makes a training run the run it is, as flat ``{"sft.lr": 1e-4, …, "input data/sft": "<sha256>"}``.
 
     The stage's params minus `BUDGET_KEYS` (raising `max_steps` continues the same run), the model shape for
-    pretrain, `distributed` minus `LAUNCH_KEYS` (every machine of a multi-node run computes the same one),
+    pretrain (and `data` when it streams), `distributed` minus `LAUNCH_KEYS` (every machine of a multi-node run computes the same one),
     `profile` when enabled, and one content hash per input path (data, tokenizer, base model: they carry all
     that is upstream, so upstream params need not be listed).
     """
@@ -77,6 +77,8 @@ def identity(params: Params, stage: str, inputs: list[Path]) -> dict[str, Any]:
     _flat(stage, {k: v for k, v in params.stage(stage).model_dump().items() if k not in BUDGET_KEYS}, out)
     if stage == "pretrain":
         _flat("model", params.model.model_dump(), out)
+        if params.data.streaming:  # the stream is read from the source itself, not from an input path
+            _flat("data", params.data.model_dump(), out)
     _flat("distributed", params.distributed.model_dump(exclude=set(LAUNCH_KEYS)), out)
     if params.profile.enabled:
         _flat("profile", params.profile.model_dump(), out)

@@ -26,10 +26,13 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llm-train",
         description="Run one llmpipe stage.",
-        epilog=f"registered tasks:\n{tasks}\n  lm         alias of pretrain",
+        epilog=f"registered tasks:\n{tasks}\n  lm         alias of pretrain\n"
+        "  stream_lm  alias of pretrain that requires data.streaming: true",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--task", required=True, help="stage to run (see below)")
+    p.add_argument("--task", help="stage to run (see below)")
+    p.add_argument("--list-presets", action="store_true",
+                   help="list the data.hf.preset names with their hub dataset, config and text column, and exit")
     p.add_argument("--config-path", default="params.yaml", help="params file (default: params.yaml)")
     p.add_argument("--model", help="evaluate: which model under paths.models to evaluate")
     p.add_argument(
@@ -99,7 +102,15 @@ def metrics_path(params: Any, task: str, model: str | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, validate params, run the stage, write its metrics. Returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.list_presets:
+        from llmpipe.presets import listing
+
+        print(listing())
+        return 0
+    if not args.task:
+        parser.error("the following arguments are required: --task")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     try:
         return _run(args, argv)
@@ -135,6 +146,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         if not overrides:
             raise
         raise UserError(f"{err}\n  (these values came from the command line: {overrides})") from None
+    if args.task == "stream_lm" and not params.data.streaming:
+        raise UserError("--task stream_lm streams the pretraining text: set data.streaming: true in params.yaml "
+                        "(with data.hf or data.mixture), or run --task pretrain")
     kwargs: dict[str, Any] = {}
     if args.resume_from or args.restart or args.list_checkpoints:
         if task not in stages.TRAINING_TASKS:

@@ -10,6 +10,7 @@ stage section before validation, so ``params.sft.lr`` is the value SFT really us
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from llmpipe import presets
 from llmpipe.distributed.params import DistributedParams
 from llmpipe.errors import UserError
 from llmpipe.io import decode_line
@@ -25,7 +27,7 @@ from llmpipe.section import Section
 STAGE_SECTIONS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 """Training stages whose sections inherit the ``train`` defaults."""
 
-BUDGET_KEYS = frozenset({"max_steps", "num_train_epochs"})
+BUDGET_KEYS = frozenset({"max_steps", "num_train_epochs", "steps_per_epoch"})
 """Train keys that only set how long a run lasts: raising them continues the same run."""
 
 
@@ -76,7 +78,7 @@ class LocalSourceParams(Section):
     """Users' own files (a file, or a folder of one format: .jsonl, .json, .parquet, .csv, and .txt for pretraining
     text) per dataset kind; null = none.
 
-    `sft` and `preference` are read when `data.source` is 'local' or 'hf' (the hub gives the pretraining text).
+    `sft` and `preference` are read whenever `data.source` is not 'stdlib' (which brings its own).
     """
 
     pretrain: str | None = Field(None, description="Text documents: .txt files, or records with a `text` column.")
@@ -90,7 +92,7 @@ class LocalSourceParams(Section):
 
 class HFRecordsParams(Section):
     """SFT or preference records from ``datasets.load_dataset(dataset_name, dataset_config, split=split)``; a local
-    dataset folder (or file) as `dataset_name` works the same, offline. Read when `data.source` is 'local' or 'hf'."""
+    dataset folder (or file) as `dataset_name` works the same, offline. Read whenever `data.source` is not 'stdlib'."""
 
     dataset_name: str | None = Field(None, description="A hub dataset name, or a local dataset folder; null = none.")
     dataset_config: str | None = Field(None, description="Dataset configuration name.")
@@ -110,28 +112,61 @@ class HFPreferenceParams(HFRecordsParams):
 
 
 class HFSourceParams(Section):
-    """A Hugging Face hub dataset, read through `datasets.load_dataset` (a local path works the same way)."""
+    """A pretraining text source read through `datasets.load_dataset` (a hub name, or a local file or folder).
 
-    name: str | None = Field(None, description="Dataset name on the hub, or a local dataset folder.")
-    config: str | None = Field(None, description="Dataset configuration name.")
+    `preset` fills `dataset_name`, `dataset_config` and `text_column` where they are not given
+    (``llm-train --list-presets``); fields given directly win.
+    """
+
+    preset: str | None = Field(None, description="A named hub corpus (llm-train --list-presets).")
+    dataset_name: str | None = Field(None, description="Dataset name on the hub, or a local dataset file or folder.")
+    dataset_config: str | None = Field(None, description="Dataset configuration name.")
     split: str = Field("train", description="Split to read.")
-    text_field: str = Field("text", description="Column holding the document text.")
-    max_documents: int | None = Field(None, gt=0, description="Read at most this many documents.")
-    streaming: bool = Field(
-        False, description="Stream the dataset instead of downloading it whole (needs max_documents)."
+    text_column: str = Field("text", description="Column holding the document text (null: the preset's, or text).")
+    max_documents: int | None = Field(
+        None, gt=0, description="prepare reads at most this many documents (streamed, so nothing else is downloaded)."
     )
 
-    @model_validator(mode="after")
-    def _streaming_bounded(self) -> HFSourceParams:
-        if self.streaming and self.max_documents is None:
-            raise ValueError("data.hf.streaming is true but data.hf.max_documents is not set: give a document count")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if data.get("preset") is not None:
+            preset = presets.resolve(data["preset"])
+            for key in ("dataset_name", "dataset_config", "text_column"):
+                if data.get(key) is None:
+                    data[key] = getattr(preset, key)
+        if data.get("text_column") is None:
+            data["text_column"] = "text"
+        return data
+
+
+class MixtureSourceParams(HFSourceParams):
+    """One source of `data.mixture`: an `HFSourceParams` with its sampling weight."""
+
+    weight: float = Field(1.0, gt=0, description="Relative share of documents drawn from this source.")
+
+
+class StreamParams(Section):
+    """How `pretrain` reads a stream (`data.streaming: true`): order, shuffling and the sample `prepare` keeps."""
+
+    shuffle_buffer: int = Field(
+        1000, ge=0, description="Documents in the seeded shuffle buffer (saved in every checkpoint); 0 = stream order."
+    )
+    sample_documents: int = Field(
+        2000, gt=0, description="Documents prepare reads from the stream for the tokenizer and validation/test splits."
+    )
 
 
 class DataParams(Section):
     """The `prepare` stage: which corpus, and how it is split into train/validation/test (by document)."""
 
-    source: Literal["stdlib", "local", "hf"] = Field("stdlib", description="Corpus to prepare.")
+    source: Literal["stdlib", "local", "hf", "mixture"] = Field("stdlib", description="Corpus to prepare.")
+    streaming: bool = Field(
+        False, description="pretrain reads data.hf or data.mixture on the fly instead of prepare's train split."
+    )
     seed: int = Field(1234, description="Seed of the split and of the corruptions; same seed → same data.")
     validation_fraction: float = Field(0.05, gt=0, lt=0.5, description="Fraction of modules held out for validation.")
     test_fraction: float = Field(0.05, gt=0, lt=0.5, description="Fraction of modules held out for evaluation.")
@@ -147,6 +182,8 @@ class DataParams(Section):
     hf: HFSourceParams = HFSourceParams()
     hf_sft: HFSFTParams = HFSFTParams()
     hf_preference: HFPreferenceParams = HFPreferenceParams()
+    mixture: list[MixtureSourceParams] = Field([], description="Sources interleaved by weight (source: mixture).")
+    stream: StreamParams = StreamParams()
 
     @model_validator(mode="after")
     def _source_configured(self) -> DataParams:
@@ -157,8 +194,24 @@ class DataParams(Section):
             )
         if self.source == "local" and self.local.pretrain is None:
             raise ValueError("data.source is 'local' but data.local.pretrain is not set: give a file or folder path")
-        if self.source == "hf" and self.hf.name is None:
-            raise ValueError("data.source is 'hf' but data.hf.name is not set: give a dataset name or local folder")
+        if self.source == "hf" and self.hf.dataset_name is None:
+            raise ValueError(
+                "data.source is 'hf' but neither data.hf.dataset_name nor data.hf.preset is set: give a dataset name, "
+                "a local folder or a preset"
+            )
+        if self.source == "mixture":
+            if not self.mixture:
+                raise ValueError("data.source is 'mixture' but data.mixture is empty: list sources with weights")
+            if not self.streaming:
+                raise ValueError("data.source 'mixture' is read as a stream: set data.streaming: true")
+            for i, source in enumerate(self.mixture):
+                if source.dataset_name is None:
+                    raise ValueError(f"data.mixture[{i}]: give dataset_name or preset")
+        if self.streaming and self.source not in ("hf", "mixture"):
+            raise ValueError(
+                f"data.streaming is true but data.source is {self.source!r}: streaming reads data.hf or data.mixture "
+                "(a local file or folder works as data.hf.dataset_name)"
+            )
         for kind, hub in (("sft", self.hf_sft), ("preference", self.hf_preference)):
             if getattr(self.local, kind) is not None and hub.dataset_name is not None:
                 raise ValueError(f"data.local.{kind} and data.hf_{kind}.dataset_name are both set: give one (set the "
@@ -244,9 +297,28 @@ class TrainParams(Section):
     num_samples: int | None = Field(None, gt=0, description="Train on at most this many examples (None = all).")
     dataloader_num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
 
+    @property
+    def resolved_max_steps(self) -> int:
+        """The optimizer-step budget handed to the trainer: `max_steps` (-1 = run `num_train_epochs`)."""
+        return self.max_steps
+
 
 class PretrainParams(TrainParams):
     """`pretrain`: causal-LM training on packed blocks of `max_length` tokens (documents joined by eos)."""
+
+    steps_per_epoch: int | None = Field(
+        None,
+        gt=0,
+        description="Optimizer steps in one epoch of a stream (data.streaming), which has no length: with max_steps "
+        "-1 the run takes steps_per_epoch × num_train_epochs steps.",
+    )
+
+    @property
+    def resolved_max_steps(self) -> int:
+        """`max_steps`, or ``ceil(steps_per_epoch × num_train_epochs)`` when it is -1 and `steps_per_epoch` is set."""
+        if self.max_steps > 0 or self.steps_per_epoch is None:
+            return self.max_steps
+        return math.ceil(self.steps_per_epoch * self.num_train_epochs)
 
 
 class SFTParams(TrainParams):
@@ -585,6 +657,15 @@ class Params(Section):
                     f"{name}.warmup_steps ({t.warmup_steps}) exceeds {name}.max_steps ({t.max_steps}), so the "
                     f"learning rate would never reach {name}.lr; lower {name}.warmup_steps or raise {name}.max_steps"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _stream_has_budget(self) -> Params:
+        if self.data.streaming and self.pretrain.resolved_max_steps <= 0:
+            raise ValueError(
+                "data.streaming is true, and a stream has no length: set pretrain.max_steps, or "
+                "pretrain.steps_per_epoch (with pretrain.num_train_epochs)"
+            )
         return self
 
     @model_validator(mode="after")

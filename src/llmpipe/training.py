@@ -97,7 +97,7 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
         "per_device_train_batch_size": t.per_device_train_batch_size,
         "per_device_eval_batch_size": t.per_device_eval_batch_size,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
-        "max_steps": t.max_steps,
+        "max_steps": t.resolved_max_steps,
         "num_train_epochs": t.num_train_epochs,
         "warmup_steps": t.warmup_steps,
         "lr_scheduler_type": t.lr_scheduler_type,

@@ -39,10 +39,10 @@ class DataFiles:
     Attributes:
         key: The params key they come from, e.g. ``data.local.sft`` (for error messages).
         root: The file or folder as given.
-        format: ``json``, ``parquet``, ``csv`` or ``text`` (a `datasets` packaged loader); ``""`` for a dataset folder
-            given as `data.hf.name`, which `datasets` reads by its own rules.
+        format: ``json``, ``parquet``, ``csv`` or ``text`` (a `datasets` packaged loader); ``""`` for a dataset
+            folder given as a hub dataset name (e.g. `data.hf.dataset_name`), which `datasets` reads by its own rules.
         files: The files, sorted; hidden files and folders are ignored.
-        num_records: Records in each file (a .txt file is one); empty for a `data.hf.name` folder.
+        num_records: Records in each file (a .txt file is one); empty for a `data.hf.dataset_name` folder.
     """
 
     key: str
@@ -260,7 +260,7 @@ def hf_local_files(root: Path, key: str) -> DataFiles:
 
     Args:
         root: The folder or file.
-        key: The params key that names it, e.g. ``data.hf.name`` (for messages).
+        key: The params key that names it, e.g. ``data.hf.dataset_name`` (for messages).
 
     Raises:
         UserError: No data file, an empty file, or a line or file that does not parse (see :func:`count_records`).
@@ -277,30 +277,31 @@ def hf_local_files(root: Path, key: str) -> DataFiles:
 
 
 def hf_documents(hf: HFSourceParams, max_chars: int, cache_dir: str) -> tuple[list[dict[str, Any]], DataFiles | None]:
-    """Documents ``{"text", "source"}`` from ``load_dataset(hf.name, hf.config, split=hf.split)``.
+    """Documents ``{"text", "source"}`` from ``load_dataset(hf.dataset_name, hf.dataset_config, split=hf.split)``.
 
-    A local folder as `hf.name` is loaded by `datasets`' folder inference, a local file by its format
+    A local folder as `hf.dataset_name` is loaded by `datasets`' folder inference, a local file by its format
     loader (both checked first, jsonl line by line); anything else is a hub name, which needs the network or
-    the HF cache. At most `hf.max_documents` rows are read (streamed when `hf.streaming`).
+    the HF cache. At most `hf.max_documents` rows are read, streamed (so a hub dataset is not downloaded whole).
 
     Returns:
         The documents, and the local files read (None for a hub dataset).
 
     Raises:
-        UserError: The dataset cannot be loaded, lacks `hf.text_field`, or a text is not a string.
+        UserError: The dataset cannot be loaded, lacks `hf.text_column`, or a text is not a string.
     """
-    local = Path(hf.name)
-    files = hf_local_files(local, "data.hf.name") if local.exists() else None
-    ds = load_hub("data.hf.name", hf.name, hf.config, hf.split, files, cache_dir, hf.streaming)
+    local = Path(hf.dataset_name)
+    files = hf_local_files(local, "data.hf.dataset_name") if local.exists() else None
+    ds = load_hub("data.hf.dataset_name", hf.dataset_name, hf.dataset_config, hf.split, files, cache_dir,
+                  streaming=hf.max_documents is not None)
     if ds.column_names is not None:  # a streamed dataset may not know its columns before the first row
-        _require_text_field(hf, list(ds.column_names))
-    source = f"{local.name if files else hf.name}:{hf.split}"
+        _require_text_column(hf, list(ds.column_names))
+    source = f"{local.name if files else hf.dataset_name}:{hf.split}"
     docs = []
     for i, row in enumerate(itertools.islice(ds, hf.max_documents)):
-        _require_text_field(hf, list(row))
-        text = row[hf.text_field]
+        _require_text_column(hf, list(row))
+        text = row[hf.text_column]
         if not isinstance(text, str):
-            raise UserError(f"data.hf.name: {hf.name!r} row {i + 1}: `{hf.text_field}` is {type(text).__name__}, "
+            raise UserError(f"data.hf.dataset_name: {hf.dataset_name!r} row {i + 1}: `{hf.text_column}` is {type(text).__name__}, "
                             "not a string")
         if text.strip():
             docs.append({"text": text[:max_chars], "source": source})
@@ -339,11 +340,11 @@ def load_hub(key: str, name: str, config: str | None, split: str, files: DataFil
         ) from None
 
 
-def _require_text_field(hf: HFSourceParams, columns: list[str]) -> None:
-    if hf.text_field not in columns:
+def _require_text_column(hf: HFSourceParams, columns: list[str]) -> None:
+    if hf.text_column not in columns:
         raise UserError(
-            f"data.hf.text_field: {hf.name!r} has no column `{hf.text_field}` (found: {', '.join(columns)}); "
-            "set data.hf.text_field to the column holding the text"
+            f"data.hf.text_column: {hf.dataset_name!r} has no column `{hf.text_column}` (found: {', '.join(columns)}); "
+            "set data.hf.text_column to the column holding the text"
         )
 
 
@@ -371,7 +372,7 @@ def local_records(path: str, kind: str, shape: str, cache_dir: str) -> tuple[for
 
 def hub_records(hub: HFRecordsParams, kind: str, cache_dir: str) -> tuple[formats.Records, DataFiles | None]:
     """The `kind` (``sft`` | ``preference``) records of ``load_dataset(hub.dataset_name, hub.dataset_config,
-    split=hub.split)`` (`data.hf_<kind>`); a local folder or file is checked first, as for `data.hf.name`.
+    split=hub.split)`` (`data.hf_<kind>`); a local folder or file is checked first, as for `data.hf.dataset_name`.
 
     Returns:
         The records (each names its row in the split), and the local files read (None for a hub dataset).
@@ -431,7 +432,12 @@ def _load_all(data: DataParams) -> _Loaded:
     hub: list[str] = []
     hub_texts: list[str] = []
     with tempfile.TemporaryDirectory(prefix="llmpipe-datasets-") as cache:
-        if data.source == "local":
+        if data.streaming:  # pretrain streams the source; prepare keeps a sample for the tokenizer and held-out splits
+            from llmpipe.data.stream import sample
+
+            docs = sample(data, data.stream.sample_documents, cache)
+            hub_texts += [d["text"] for d in docs]
+        elif data.source == "local":
             read.append(find_files(data.local.pretrain, "data.local.pretrain"))
             docs = pretrain_documents(read[-1], *load_rows(read[-1], cache), data.max_chars_per_document)
         else:
@@ -476,16 +482,17 @@ def build_corpus(data: DataParams) -> Corpus:
     """
     loaded = _load_all(data)
     seed, vf, tf = data.seed, data.validation_fraction, data.test_fraction
-    from_hub = data.source == "hf" and not Path(data.hf.name).exists()
-    where = data.hf.name if data.source == "hf" else data.local.pretrain
+    from_hub = data.streaming or (data.source == "hf" and not Path(data.hf.dataset_name).exists())
+    where = {"hf": data.hf.dataset_name, "local": data.local.pretrain}.get(data.source, "data.mixture")
     return Corpus(
-        pretrain=split_by_key(loaded.docs, lambda d: d["text"], seed, vf, tf),
+        pretrain=split_by_key(loaded.docs, lambda d: d["text"], seed, vf, tf, fill_empty=not data.streaming),
         sft=split_by_key(loaded.sft.rows, lambda r: _prompt_key(r["messages"]), seed, vf, tf),
         preference=split_by_key(loaded.preference.rows, lambda r: json.dumps(r["prompt"], sort_keys=True), seed, vf,
                                 tf),
         manifest={
             "source": data.source,
-            "description": f"{'hub dataset' if from_hub else 'local data'} {where}"
+            "description": f"{'a sample of the stream ' if data.streaming else ''}"
+            f"{'hub dataset' if from_hub else 'local data'} {where}"
             + "".join(f"; {f.key} = {f.root} ({len(f.files)} files)" for f in loaded.read)
             + "".join(f"; {h} (hub)" for h in loaded.hub),
             "num_files": sum(len(f.files) for f in loaded.read),

@@ -22,15 +22,28 @@ def unit_hash(seed: int, key: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
+def split_of(seed: int, key: str, validation_fraction: float, test_fraction: float) -> str:
+    """The split of `key` by its unit hash alone: test below `test_fraction`, validation below
+    `test_fraction + validation_fraction`, else train (what a stream decides one document at a time)."""
+    u = unit_hash(seed, key)
+    return "test" if u < test_fraction else "validation" if u < test_fraction + validation_fraction else "train"
+
+
 def split_by_key(
-    items: Sequence[T], key: Callable[[T], str], seed: int, validation_fraction: float, test_fraction: float
+    items: Sequence[T],
+    key: Callable[[T], str],
+    seed: int,
+    validation_fraction: float,
+    test_fraction: float,
+    fill_empty: bool = True,
 ) -> dict[str, list[T]]:
     """Assign each item to a split by the hash of its key; items with equal keys share a split.
 
     An item goes to test when its unit hash is below `test_fraction`, to validation when below
     `test_fraction + validation_fraction`, else to train. When validation or test would be empty and train
     keeps at least one key, the train key with the lowest hash moves there (so tiny user datasets still get
-    every split). Order within a split is the input order.
+    every split) unless `fill_empty` is False (a stream's sample: the stream decides by :func:`split_of` alone).
+    Order within a split is the input order.
 
     Args:
         items: The units to split (modules, documents, pairs).
@@ -43,9 +56,8 @@ def split_by_key(
         ``{"train": [...], "validation": [...], "test": [...]}``.
     """
     u = {k: unit_hash(seed, k) for k in dict.fromkeys(key(it) for it in items)}
-    bounds = ((test_fraction, "test"), (test_fraction + validation_fraction, "validation"), (1.0, "train"))
-    where = {k: next(split for bound, split in bounds if x < bound) for k, x in u.items()}
-    for split in ("test", "validation"):
+    where = {k: split_of(seed, k, validation_fraction, test_fraction) for k in u}
+    for split in ("test", "validation") if fill_empty else ():
         train_keys = [k for k, s in where.items() if s == "train"]
         if split not in where.values() and len(train_keys) > 1:
             where[min(train_keys, key=u.__getitem__)] = split

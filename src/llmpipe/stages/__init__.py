@@ -26,7 +26,7 @@ TASKS: dict[str, str] = {
 }
 """Registered tasks and their one-line descriptions (shown by `llm-train --help`)."""
 
-ALIASES: dict[str, str] = {"lm": "pretrain"}
+ALIASES: dict[str, str] = {"lm": "pretrain", "stream_lm": "pretrain"}
 
 TRAINING_TASKS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 
@@ -48,7 +48,7 @@ def resolve(task: str) -> str:
     """
     task = ALIASES.get(task, task)
     if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; registered tasks: {', '.join(TASKS)} (alias: lm → pretrain)")
+        raise ValueError(f"unknown task {task!r}; registered tasks: {', '.join(TASKS)} (aliases: lm, stream_lm → pretrain)")
     return task
 
 

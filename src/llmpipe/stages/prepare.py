@@ -65,13 +65,15 @@ def build_corpus(data: DataParams) -> Corpus:
 
 def _check_inputs_outside(data: DataParams, root: Path) -> None:
     """Refuse inputs under a folder `prepare` replaces (they would be deleted by the write)."""
-    if data.source == "stdlib":  # users' data is read only with data.source local or hf
+    if data.source == "stdlib":  # users' data is read only with the other sources
         return
     inputs = {"data.local.pretrain": data.local.pretrain, "data.local.sft": data.local.sft,
               "data.local.preference": data.local.preference, "data.hf_sft.dataset_name": data.hf_sft.dataset_name,
               "data.hf_preference.dataset_name": data.hf_preference.dataset_name}
     if data.source == "hf":
-        inputs["data.hf.name"] = data.hf.name
+        inputs["data.hf.dataset_name"] = data.hf.dataset_name
+    if data.source == "mixture":
+        inputs.update({f"data.mixture[{i}].dataset_name": s.dataset_name for i, s in enumerate(data.mixture)})
     for key, value in inputs.items():
         if value is None:
             continue
@@ -86,7 +88,9 @@ def data_key(data: DataParams) -> str:
     if data.source == "local":
         return f"data.local.pretrain: {data.local.pretrain}"
     if data.source == "hf":
-        return f"data.hf.name: {data.hf.name}"
+        return f"data.hf.dataset_name: {data.hf.dataset_name}"
+    if data.source == "mixture":
+        return "data.mixture: " + ", ".join(str(s.dataset_name) for s in data.mixture)
     return "data.source: stdlib"
 
 
@@ -95,8 +99,8 @@ def _check_nonempty(corpus: Corpus, where: str) -> None:
     if not counts["train"]:
         raise UserError(f"{where}: no documents with text; check the data paths")
     if not all(counts.values()):
-        raise UserError(f"{where}: too few distinct documents to split ({counts}); "
-                        "give at least 3 so train, validation and test each get one")
+        raise UserError(f"{where}: too few distinct documents to split ({counts}); give at least 3 so train, "
+                        "validation and test each get one (a stream: raise data.stream.sample_documents)")
 
 
 def manifest(corpus: Corpus, evals: dict[str, list[dict[str, Any]]], data: DataParams) -> dict[str, Any]:

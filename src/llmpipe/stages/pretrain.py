@@ -8,6 +8,7 @@ STACK-FACTS, and it brings checkpoint/resume of optimizer, scheduler, RNG and da
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 
 from llmpipe.checkpoints import ResumeRequest, open_run
@@ -126,12 +127,19 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
             f"pretrain.max_length ({cfg.max_length}) exceeds model.max_position_embeddings "
             f"({params.model.max_position_embeddings}); lower one or raise the other"
         )
-    train = pack(data / "train.jsonl", tokenizer, cfg.max_length, cfg.num_samples)
     valid = pack(data / "validation.jsonl", tokenizer, cfg.max_length, cfg.max_eval_samples)
-    log.info("pretrain: %d train blocks, %d validation blocks of %d tokens", len(train), len(valid), cfg.max_length)
     run = open_run(params, "pretrain", inputs(params), resume)
     model = build_model(params.model, tokenizer)
     log.info("pretrain: %.2f M parameters", count_parameters(model) / 1e6)
     tensorboard = tensorboard_callback(params.paths.out(params.paths.logs, "pretrain", "tensorboard"))
-    trainer = make_trainer(params, model, train, valid, run.path, [tensorboard])
-    return train_stage(trainer, params, "pretrain", run, tokenizer)
+    if not params.data.streaming:
+        train = pack(data / "train.jsonl", tokenizer, cfg.max_length, cfg.num_samples)
+        log.info("pretrain: %d train blocks, %d validation blocks of %d tokens", len(train), len(valid), cfg.max_length)
+        trainer = make_trainer(params, model, train, valid, run.path, [tensorboard])
+        return train_stage(trainer, params, "pretrain", run, tokenizer)
+    from llmpipe import stream_trainer
+
+    with tempfile.TemporaryDirectory(prefix="llmpipe-stream-") as scratch:
+        stream = stream_trainer.open_stream(params, tokenizer, run, scratch)
+        trainer = stream_trainer.make_trainer(params, model, stream, valid, run.path, [tensorboard])
+        return {**train_stage(trainer, params, "pretrain", run, tokenizer), **stream_trainer.counts(stream)}
