@@ -146,7 +146,11 @@ def test_stdlib_signature_mc(stdlib_run):
 
 def test_stdlib_metrics_and_manifest(stdlib_run):
     root, metrics = stdlib_run
+    metrics = dict(metrics)
+    sources = metrics.pop("sources")
     assert all(isinstance(v, int | float) for v in metrics.values())
+    assert list(sources) == ["stdlib"] and sources["stdlib"]["documents"] == sum(
+        metrics[f"num_documents_{s}"] for s in SPLITS)
     info = json.loads((root / "data" / "pretrain" / "manifest.json").read_text())
     assert int(info["content_sha256"][:12], 16) == metrics["content_hash_int"]
     assert info["counts"]["pretrain"]["train"] == metrics["num_documents_train"]
@@ -356,3 +360,19 @@ def test_leftovers_of_a_killed_run_are_removed(tmp_path):
     prepare.run(local(tmp_path, pretrain=str(docs)))
     assert not leftover.exists()
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["eval", "preference", "pretrain", "sft"]
+
+
+def test_validation_source_replaces_the_hash_split_and_sources_are_counted(tmp_path):
+    docs = write_jsonl(tmp_path / "docs.jsonl", documents(40))
+    held = tmp_path / "held"
+    write_jsonl(held / "validation.jsonl", [{"body": f"A validation document number {i}. " * 3} for i in range(5)]
+                + [{"body": "   "}])
+    data = {"source": "hf", "max_chars_per_document": 60, "hf": {"dataset_name": str(docs)},
+            "validation_source": {"dataset_name": str(held), "split": "validation", "text_column": "body"}}
+    metrics = prepare.run(make_params(tmp_path, data))
+    validation = load(tmp_path, "pretrain", "validation")
+    assert [d["text"] for d in validation] == [(f"A validation document number {i}. " * 3)[:60] for i in range(5)]
+    assert metrics["num_documents_train"] + metrics["num_documents_test"] == 40, "no hub document is lost"
+    sources = metrics["sources"]
+    assert sources["held:validation"] == {"documents": 5, "chars": 300, "truncated": 5}
+    assert sources["docs.jsonl:train"]["documents"] == 40

@@ -183,6 +183,11 @@ class DataParams(Section):
     hf_sft: HFSFTParams = HFSFTParams()
     hf_preference: HFPreferenceParams = HFPreferenceParams()
     mixture: list[MixtureSourceParams] = Field([], description="Sources interleaved by weight (source: mixture).")
+    validation_source: HFSourceParams | None = Field(
+        None,
+        description="Pretraining validation documents from this source (e.g. a dataset's validation split) instead "
+        "of the hash split, whose validation share then goes to train.",
+    )
     stream: StreamParams = StreamParams()
 
     @model_validator(mode="after")

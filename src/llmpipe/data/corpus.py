@@ -25,6 +25,7 @@ class Corpus:
             ``num_skipped_files``, ``content_sha256`` (hex). No absolute paths.
         num_empty_responses: Users' SFT and preference records left out for an empty response
             (``{"sft": n, "preference": n}``; see :mod:`llmpipe.data.formats`).
+        num_dropped_empty: Pretraining rows of a `datasets` source left out for an empty text.
     """
 
     pretrain: dict[str, list[dict[str, Any]]]
@@ -33,6 +34,7 @@ class Corpus:
     signature_mc: list[dict[str, Any]] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
     num_empty_responses: dict[str, int] = field(default_factory=lambda: {"sft": 0, "preference": 0})
+    num_dropped_empty: int = 0
 
 
 def eval_sets(corpus: Corpus, data: DataParams) -> dict[str, list[dict[str, Any]]]:

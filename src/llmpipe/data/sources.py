@@ -276,36 +276,46 @@ def hf_local_files(root: Path, key: str) -> DataFiles:
     return DataFiles(key, root, "", tuple(files))
 
 
-def hf_documents(hf: HFSourceParams, max_chars: int, cache_dir: str) -> tuple[list[dict[str, Any]], DataFiles | None]:
+def hf_documents(hf: HFSourceParams, max_chars: int, cache_dir: str, key: str = "data.hf"
+                 ) -> tuple[list[dict[str, Any]], DataFiles | None, int]:
     """Documents ``{"text", "source"}`` from ``load_dataset(hf.dataset_name, hf.dataset_config, split=hf.split)``.
 
     A local folder as `hf.dataset_name` is loaded by `datasets`' folder inference, a local file by its format
     loader (both checked first, jsonl line by line); anything else is a hub name, which needs the network or
     the HF cache. At most `hf.max_documents` rows are read, streamed (so a hub dataset is not downloaded whole).
 
+    Args:
+        hf: The source.
+        max_chars: Documents are cut to this many characters.
+        cache_dir: Arrow cache folder for a local dataset.
+        key: The params key of `hf` (``data.hf``, ``data.validation_source``), for messages.
+
     Returns:
-        The documents, and the local files read (None for a hub dataset).
+        The documents, the local files read (None for a hub dataset), and the number of empty (whitespace-only)
+        texts left out.
 
     Raises:
         UserError: The dataset cannot be loaded, lacks `hf.text_column`, or a text is not a string.
     """
     local = Path(hf.dataset_name)
-    files = hf_local_files(local, "data.hf.dataset_name") if local.exists() else None
-    ds = load_hub("data.hf.dataset_name", hf.dataset_name, hf.dataset_config, hf.split, files, cache_dir,
+    files = hf_local_files(local, f"{key}.dataset_name") if local.exists() else None
+    ds = load_hub(f"{key}.dataset_name", hf.dataset_name, hf.dataset_config, hf.split, files, cache_dir,
                   streaming=hf.max_documents is not None)
     if ds.column_names is not None:  # a streamed dataset may not know its columns before the first row
-        _require_text_column(hf, list(ds.column_names))
+        _require_text_column(hf, list(ds.column_names), key)
     source = f"{local.name if files else hf.dataset_name}:{hf.split}"
-    docs = []
+    docs, num_empty = [], 0
     for i, row in enumerate(itertools.islice(ds, hf.max_documents)):
-        _require_text_column(hf, list(row))
+        _require_text_column(hf, list(row), key)
         text = row[hf.text_column]
         if not isinstance(text, str):
-            raise UserError(f"data.hf.dataset_name: {hf.dataset_name!r} row {i + 1}: `{hf.text_column}` is {type(text).__name__}, "
-                            "not a string")
+            raise UserError(f"{key}.dataset_name: {hf.dataset_name!r} row {i + 1}: `{hf.text_column}` is "
+                            f"{type(text).__name__}, not a string")
         if text.strip():
             docs.append({"text": text[:max_chars], "source": source})
-    return docs, files
+        else:
+            num_empty += 1
+    return docs, files, num_empty
 
 
 def load_hub(key: str, name: str, config: str | None, split: str, files: DataFiles | None, cache_dir: str,
@@ -340,11 +350,11 @@ def load_hub(key: str, name: str, config: str | None, split: str, files: DataFil
         ) from None
 
 
-def _require_text_column(hf: HFSourceParams, columns: list[str]) -> None:
+def _require_text_column(hf: HFSourceParams, columns: list[str], key: str) -> None:
     if hf.text_column not in columns:
         raise UserError(
-            f"data.hf.text_column: {hf.dataset_name!r} has no column `{hf.text_column}` (found: {', '.join(columns)}); "
-            "set data.hf.text_column to the column holding the text"
+            f"{key}.text_column: {hf.dataset_name!r} has no column `{hf.text_column}` (found: {', '.join(columns)}); "
+            f"set {key}.text_column to the column holding the text"
         )
 
 
@@ -415,6 +425,7 @@ class _Loaded:
         read: The local files read.
         hub: ``<key> = <name>`` of each SFT or preference dataset read from the hub (not a local path).
         hub_texts: What the hub gave, for the content hash: pretraining texts, then those datasets' rows as JSON.
+        num_empty: Pretraining rows of `data.hf` left out for an empty text.
     """
 
     docs: Rows
@@ -423,6 +434,7 @@ class _Loaded:
     read: list[DataFiles]
     hub: list[str]
     hub_texts: list[str]
+    num_empty: int
 
 
 def _load_all(data: DataParams) -> _Loaded:
@@ -431,6 +443,7 @@ def _load_all(data: DataParams) -> _Loaded:
     read: list[DataFiles] = []
     hub: list[str] = []
     hub_texts: list[str] = []
+    num_empty = 0
     with tempfile.TemporaryDirectory(prefix="llmpipe-datasets-") as cache:
         if data.streaming:  # pretrain streams the source; prepare keeps a sample for the tokenizer and held-out splits
             from llmpipe.data.stream import sample
@@ -441,7 +454,7 @@ def _load_all(data: DataParams) -> _Loaded:
             read.append(find_files(data.local.pretrain, "data.local.pretrain"))
             docs = pretrain_documents(read[-1], *load_rows(read[-1], cache), data.max_chars_per_document)
         else:
-            docs, files = hf_documents(data.hf, data.max_chars_per_document, cache)
+            docs, files, num_empty = hf_documents(data.hf, data.max_chars_per_document, cache)
             read += [files] if files else []
             hub_texts += [] if files else [d["text"] for d in docs]
         normalised = {}
@@ -459,7 +472,7 @@ def _load_all(data: DataParams) -> _Loaded:
             if files is None:
                 hub.append(f"{records.key} = {records.label}")
                 hub_texts += [json.dumps(row, sort_keys=True) for row in normalised[kind].rows]
-    return _Loaded(docs, normalised["sft"], normalised["preference"], read, hub, hub_texts)
+    return _Loaded(docs, normalised["sft"], normalised["preference"], read, hub, hub_texts, num_empty)
 
 
 def _prompt_key(messages: list[dict[str, str]]) -> str:
@@ -501,4 +514,24 @@ def build_corpus(data: DataParams) -> Corpus:
         },
         num_empty_responses={"sft": loaded.sft.num_empty_responses,
                              "preference": loaded.preference.num_empty_responses},
+        num_dropped_empty=loaded.num_empty,
     )
+
+
+def use_validation_source(corpus: Corpus, data: DataParams) -> None:
+    """Take the pretraining validation split from `data.validation_source` (in place): the documents the hash
+    split held out for validation go back to train, and the content hash covers the new source.
+
+    Raises:
+        UserError: The source cannot be read or has no document with text.
+    """
+    with tempfile.TemporaryDirectory(prefix="llmpipe-datasets-") as cache:
+        docs, files, _ = hf_documents(data.validation_source, data.max_chars_per_document, cache,
+                                      "data.validation_source")
+    if not docs:
+        raise UserError(f"data.validation_source: {data.validation_source.dataset_name!r} has no document with text")
+    corpus.pretrain["train"] = corpus.pretrain["train"] + corpus.pretrain["validation"]
+    corpus.pretrain["validation"] = docs
+    corpus.manifest["description"] += f"; validation from data.validation_source = {data.validation_source.dataset_name}"
+    extra = content_sha256([files] if files else [], [] if files else [d["text"] for d in docs])
+    corpus.manifest["content_sha256"] = hashlib.sha256((corpus.manifest["content_sha256"] + extra).encode()).hexdigest()

@@ -375,6 +375,8 @@ class StreamFilter:
         from llmpipe.data.splits import split_of
 
         self._split = lambda text: split_of(data.seed, text, data.validation_fraction, data.test_fraction)
+        # With a validation source, prepare moved the hash split's validation share into train.
+        self._trained = ("train", "validation") if data.validation_source is not None else ("train",)
         self.dedup = dedup
         self.counts = {"num_documents": 0, "num_dropped_empty": 0, "num_dropped_heldout": 0, "num_tokens": 0}
 
@@ -382,7 +384,7 @@ class StreamFilter:
         if not text.strip():
             self.counts["num_dropped_empty"] += 1
             return False
-        if self._split(text) != "train":
+        if self._split(text) not in self._trained:
             self.counts["num_dropped_heldout"] += 1
             return False
         if self.dedup is not None:

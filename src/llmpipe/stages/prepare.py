@@ -33,12 +33,13 @@ def run(params: Params) -> dict[str, float]:
     """Build every dataset from `params.data` and write it under ``paths.out(paths.data)``.
 
     Returns:
-        Numbers only (DVC metrics): ``python_major``, ``python_minor`` (the interpreter whose stdlib was
+        DVC metrics (numbers, one level nested): ``python_major``, ``python_minor`` (the interpreter whose stdlib was
         read), ``num_files``, ``num_skipped_files``, ``content_hash_int`` (first 12 hex digits of the content sha256 as an int),
         ``num_documents_<split>``, ``num_sft_<split>``, ``num_preference_<split>``,
         ``num_preference_<corruption>_train``, ``num_eval_<set>``, ``num_chars_train``, and
         ``num_sft_empty_responses``, ``num_preference_empty_responses`` (users' records left out for an empty
-        response).
+        response), ``num_dropped_empty`` (empty pretraining rows of a `datasets` source), and ``sources``:
+        per pretraining source, its ``documents``, ``chars`` and ``truncated`` count (numbers, nested).
 
     Raises:
         UserError: Bad data paths or contents, an input inside an output folder, or too few documents.
@@ -46,10 +47,14 @@ def run(params: Params) -> dict[str, float]:
     root = params.paths.out(params.paths.data)
     _check_inputs_outside(params.data, root)
     corpus = build_corpus(params.data)
+    if params.data.validation_source is not None:
+        from llmpipe.data.sources import use_validation_source
+
+        use_validation_source(corpus, params.data)
     _check_nonempty(corpus, data_key(params.data))
     evals = eval_sets(corpus, params.data)
     write(root, corpus, evals, manifest(corpus, evals, params.data))
-    return metrics(corpus, evals)
+    return metrics(corpus, evals, params.data)
 
 
 def build_corpus(data: DataParams) -> Corpus:
@@ -143,7 +148,7 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def metrics(corpus: Corpus, evals: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+def metrics(corpus: Corpus, evals: dict[str, list[dict[str, Any]]], data: DataParams) -> dict[str, Any]:
     """The numbers `run` returns (see there)."""
     v = sys.version_info
     out: dict[str, float] = {
@@ -164,4 +169,21 @@ def metrics(corpus: Corpus, evals: dict[str, list[dict[str, Any]]]) -> dict[str,
     out["num_chars_train"] = sum(len(d["text"]) for d in corpus.pretrain["train"])
     for kind, num in corpus.num_empty_responses.items():
         out[f"num_{kind}_empty_responses"] = num
+    out["num_dropped_empty"] = corpus.num_dropped_empty
+    out["sources"] = source_statistics(corpus, data)
+    return out
+
+
+def source_statistics(corpus: Corpus, data: DataParams) -> dict[str, dict[str, int]]:
+    """Per pretraining source (``<dataset>:<split>`` of a `datasets` source or stream, else `data.source`), over
+    all splits: ``documents``, ``chars`` and ``truncated`` (documents cut at `data.max_chars_per_document`)."""
+    by_name = data.streaming or data.source in ("hf", "mixture") or data.validation_source is not None
+    out: dict[str, dict[str, int]] = {}
+    for docs in corpus.pretrain.values():
+        for d in docs:
+            stats = out.setdefault(d["source"] if by_name else data.source,
+                                   {"documents": 0, "chars": 0, "truncated": 0})
+            stats["documents"] += 1
+            stats["chars"] += len(d["text"])
+            stats["truncated"] += len(d["text"]) == data.max_chars_per_document
     return out
