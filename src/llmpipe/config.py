@@ -112,7 +112,8 @@ class DedupParams(Section):
         0.8,
         gt=0,
         lt=1,
-        description="Jaccard similarity of two shingle sets from which they count as near duplicates (sets the bands).",
+        description="Jaccard similarity of shingle sets the LSH bands are tuned to cut at; a soft cut: at the "
+        "defaults a pair at 0.8 is caught 40% of the time, at 0.9 93%.",
     )
     num_perm: int = Field(128, ge=2, description="MinHash permutations (signature length): sharper cut-off, slower.")
     shingle_size: int = Field(5, gt=0, description="Words per shingle (word n-gram).")

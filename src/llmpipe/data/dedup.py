@@ -16,8 +16,8 @@ every run of Unicode whitespace replaced by one space and the ends stripped.
   similarity ``s`` share a band with probability ``1 - (1 - s^r)^b``; ``(b, r)`` is datasketch's own choice
   for ``threshold`` and ``num_perm`` (the pair minimising the equally weighted false-positive and
   false-negative areas of that curve): ``b=9, r=13`` at the defaults 0.8 / 128, so pairs at s = 0.7 are caught
-  with probability 0.08, at 0.8 with 0.45, at 0.9 with 0.93. A band key is the blake2b-128 digest of the band
-  index and the band's values.
+  with probability 0.08, at 0.8 with 0.40, at 0.9 with 0.93 (a soft cut, half-way at 0.845). A band key is the
+  blake2b-128 digest of the band index and the band's values.
 - **Contaminated**: the document matches a *reference* (a validation or test document registered with
   :meth:`Deduplicator.add_reference`) by either rule above that is on.
 
@@ -26,8 +26,9 @@ documents are not recorded, so a chain of near duplicates does not grow its clus
 
 Throughput of :meth:`Deduplicator.check` at the defaults (``benchmarks/dedup_throughput.py``, 10 MB of this
 interpreter's stdlib, one process on a 2-core machine): about 385 documents/s and 6.3 MB/s on whole modules
-(16 KB each), 4,000 documents/s and 7.5 MB/s on 2,000-character pieces; about 80% of it is datasketch's
-``update_batch`` (one sha1 per shingle in Python, then the numpy permutations). Memory: 30.9 MB of filters for
+(16 KB each), 4,000 documents/s and 7.5 MB/s on 2,000-character pieces. Normalising and shingling take 20% of
+that; the rest is mostly datasketch's ``update_batch`` (one sha1 per shingle in Python, then the numpy
+permutations). Memory: 30.9 MB of filters for
 the default capacity of 10^6 documents, whatever the number of documents checked.
 """
 
@@ -174,7 +175,12 @@ class Deduplicator:
     # --- decisions ----------------------------------------------------------------------------------------
 
     def index_keys(self, text: str) -> dict[str, list[bytes]]:
-        """The index keys of `text`: ``{"exact": [digest]}`` and/or ``{"bands": [b digests]}``, per `params`."""
+        """The index keys of `text` (raw; normalised here).
+
+        Returns:
+            ``{"exact": [digest]}`` when `params.exact`, ``{"bands": [b digests]}`` when `params.near`; each
+            digest is 16 bytes.
+        """
         normalised = normalise(text)
         out = {}
         if self.params.exact:
@@ -251,6 +257,13 @@ class Deduplicator:
     def from_state(cls, state: bytes, params: DedupParams) -> Deduplicator:
         """The deduplicator that :meth:`state` saved: later decisions equal the saved one's.
 
+        Args:
+            state: What :meth:`state` returned.
+            params: The `data.dedup` section; :data:`MATCH_KEYS` must equal the saved ones.
+
+        Returns:
+            A deduplicator with the saved seen index, references and counts.
+
         Raises:
             UserError: `state` is not a dedup state, or was made with other values of :data:`MATCH_KEYS`.
         """
@@ -273,6 +286,9 @@ class Deduplicator:
 
     def load(self, path: str | Path) -> None:
         """Add the documents of the seen index saved at `path` (by :meth:`save`) to this one: a Bloom filter union.
+
+        Args:
+            path: A file :meth:`save` wrote (or a :meth:`state`, whose seen index is taken).
 
         Raises:
             UserError: `path` is not a dedup index, is damaged, or was saved with other values of
