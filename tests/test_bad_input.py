@@ -37,6 +37,8 @@ from conftest import ROOT, TINY_PARAMS, deep_merge
 
 from llmpipe import stages
 from llmpipe.cli import main
+from llmpipe.config import DedupParams
+from llmpipe.data.dedup import Deduplicator
 from llmpipe.errors import UserError
 
 # TINY_PARAMS with users' own small data and a model small enough to save in milliseconds.
@@ -266,6 +268,9 @@ CASES: dict[str, Bad] = {
     "params: dpo loss weights do not match loss types": Bad(
         "dpo", ("dpo.loss_weights has 1 entries but dpo.loss_type has 2",),
         {"dpo": {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0]}}, multiline=True),
+    "params: decontamination with nothing to match": Bad(
+        "prepare", ("data.dedup.decontaminate is true but data.dedup.exact and data.dedup.near are both false",),
+        {"data": {"dedup": {"exact": False, "near": False}}}, multiline=True),
     "params: local source without a pretraining path": Bad(
         "prepare", ("data.local.pretrain is not set",), local(pretrain=None), multiline=True),
     "params: a key given twice": Bad(
@@ -368,6 +373,14 @@ CASES: dict[str, Bad] = {
     "data: hub dataset without the text field": Bad(
         "prepare", ("data.hf.text_column", "no column `story` (found: text)"),
         {"data": {"source": "hf", "hf": {"dataset_name": "in/docs.jsonl", "text_column": "story"}}}),
+    "data: dedup index made with other dedup params": Bad(
+        "prepare", ("in/seen.bin: made with data.dedup.num_perm=64, but data.dedup.num_perm is 128",
+                    "use another data.dedup.seen_hashes_path"),
+        {"data": {"dedup": {"seen_hashes_path": "in/seen.bin", "capacity": 1000}}},
+        setup=lambda root: Deduplicator(DedupParams(num_perm=64, capacity=1000)).save(root / "in" / "seen.bin")),
+    "data: dedup index that is not one": Bad(
+        "prepare", ("in/seen.bin: not a dedup index",), {"data": {"dedup": {"seen_hashes_path": "in/seen.bin"}}},
+        setup=write("in/seen.bin", "hashes, I promise\n")),
     "data: prepared split missing for a training stage": Bad(
         "sft", ("data/sft/train.jsonl: missing", "dvc repro prepare"), setup=remove("data/sft")),
     # --- model and tokenizer folders ---

@@ -82,7 +82,8 @@ def test_stdlib_modules_never_cross_splits(stdlib_run):
     assert all(modules.values())
     assert not (modules["train"] & modules["validation"] or modules["train"] & modules["test"]
                 or modules["validation"] & modules["test"])
-    assert sum(map(len, modules.values())) == metrics["num_files"]
+    dropped = sum(metrics[f"num_dedup_dropped_{why}"] for why in ("exact", "near", "contaminated"))
+    assert sum(map(len, modules.values())) + dropped == metrics["num_files"]  # data.dedup drops training modules
     for sub in ("sft", "preference"):
         for s in SPLITS:
             assert {r["source"] for r in load(root, sub, s)} <= modules[s]
@@ -189,8 +190,9 @@ def test_local_jsonl_with_sft_and_preference(tmp_path):
                                          "preference": str(pref)}}
     metrics = prepare.run(make_params(tmp_path, data))
     texts = {s: [d["text"] for d in load(tmp_path, "pretrain", s)] for s in SPLITS}
-    assert all(texts.values()) and sum(map(len, texts.values())) == 45
+    assert all(texts.values()) and sum(map(len, texts.values())) == 40
     assert not set(texts["train"]) & (set(texts["validation"]) | set(texts["test"]))  # duplicates share a split
+    assert metrics["num_dedup_dropped_exact"] == 5  # ... train, here, where data.dedup keeps the first of each
     assert {d["source"] for s in SPLITS for d in load(tmp_path, "pretrain", s)} == {"docs.jsonl"}
     sft = [r for s in SPLITS for r in load(tmp_path, "sft", s)]
     assert len(sft) == 20 and {r["source"] for r in sft} == {"a.jsonl", "b.jsonl"}

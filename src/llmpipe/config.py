@@ -160,6 +160,64 @@ class StreamParams(Section):
     )
 
 
+class DedupParams(Section):
+    """Document-level deduplication and decontamination of the pretraining text (:mod:`llmpipe.data.dedup`).
+
+    `prepare` drops from the training split, keeping the first of each group in corpus order: documents whose
+    normalised text was seen (`exact`), documents whose word shingles overlap a seen one's by about
+    `threshold` Jaccard similarity or more (`near`, MinHash + LSH), and, with `decontaminate`, documents that
+    match a validation or test document either way. Validation and test are left whole.
+    """
+
+    exact: bool = Field(
+        True, description="Drop documents whose normalised text (NFKC, case-folded, whitespace collapsed) was seen."
+    )
+    near: bool = Field(True, description="Drop near duplicates: MinHash signatures of word shingles, LSH bands.")
+    threshold: float = Field(
+        0.8,
+        gt=0,
+        lt=1,
+        description="Jaccard similarity of shingle sets the LSH bands are tuned to cut at; a soft cut: at the "
+        "defaults a pair at 0.8 is caught 40% of the time, at 0.9 93%.",
+    )
+    num_perm: int = Field(128, ge=2, description="MinHash permutations (signature length): sharper cut-off, slower.")
+    shingle_size: int = Field(5, gt=0, description="Words per shingle (word n-gram).")
+    capacity: int = Field(
+        1_000_000,
+        gt=0,
+        description="Documents the Bloom filters of seen documents are sized for (memory ≈ 31 bytes per document at "
+        "the defaults, fixed); past it, false drops exceed false_positive_rate.",
+    )
+    false_positive_rate: float = Field(
+        1e-4,
+        gt=0,
+        lt=1,
+        description="Chance that a document unlike every seen one is dropped anyway (Bloom false positive), while at "
+        "most capacity documents were kept.",
+    )
+    decontaminate: bool = Field(
+        True, description="Drop training documents that duplicate or near-duplicate a validation or test document."
+    )
+    seen_hashes_path: str | None = Field(
+        None,
+        description="File of the documents earlier runs kept: read first when it exists, written after; a later run "
+        "drops them as duplicates. null = every run starts empty. Not a DVC dep or out.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any document is compared at all."""
+        return self.exact or self.near
+
+    @model_validator(mode="after")
+    def _decontaminate_needs_a_match(self) -> DedupParams:
+        if self.decontaminate and not self.enabled:
+            raise ValueError("data.dedup.decontaminate is true but data.dedup.exact and data.dedup.near are both "
+                             "false: set one of them to true (it says how a reference is matched) or decontaminate "
+                             "to false")
+        return self
+
+
 class DataParams(Section):
     """The `prepare` stage: which corpus, and how it is split into train/validation/test (by document)."""
 
@@ -189,6 +247,7 @@ class DataParams(Section):
         "of the hash split, whose validation share then goes to train.",
     )
     stream: StreamParams = StreamParams()
+    dedup: DedupParams = DedupParams()
 
     @model_validator(mode="after")
     def _source_configured(self) -> DataParams:

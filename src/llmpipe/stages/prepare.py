@@ -4,6 +4,8 @@ Writes ``<paths.data>/{pretrain,sft,preference}/{train,validation,test}.jsonl``,
 ``<paths.data>/pretrain/manifest.json`` (provenance) and ``<paths.data>/eval/{perplexity,signature_mc,sft,
 preference}.jsonl``. Everything is built in memory first, then each folder is written into a temporary
 sibling that replaces it in one rename, so a failed or killed run leaves the previous data as it was.
+The training documents of the pretraining text are deduplicated and decontaminated (`data.dedup`,
+:mod:`llmpipe.data.dedup`) after the split; `data.dedup.seen_hashes_path`, when set, is written last.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import contextlib
 import platform
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from llmpipe.config import DataParams, Params
+from llmpipe.config import DataParams, DedupParams, Params
 from llmpipe.data.corpus import EVAL_SETS, Corpus, eval_sets
 from llmpipe.data.corrupt import CORRUPTIONS
+from llmpipe.data.dedup import COUNTERS, Deduplicator
 from llmpipe.data.splits import SPLITS
 from llmpipe.errors import UserError
 from llmpipe.io import atomic_dir, write_json, write_jsonl
@@ -36,25 +40,33 @@ def run(params: Params) -> dict[str, float]:
         DVC metrics (numbers, one level nested): ``python_major``, ``python_minor`` (the interpreter whose stdlib was
         read), ``num_files``, ``num_skipped_files``, ``content_hash_int`` (first 12 hex digits of the content sha256 as an int),
         ``num_documents_<split>``, ``num_sft_<split>``, ``num_preference_<split>``,
-        ``num_preference_<corruption>_train``, ``num_eval_<set>``, ``num_chars_train``, and
+        ``num_preference_<corruption>_train``, ``num_eval_<set>``, ``num_chars_train`` (it and
+        ``num_documents_train`` count after deduplication), ``num_dedup_kept``, ``num_dedup_dropped_exact``,
+        ``num_dedup_dropped_near``, ``num_dedup_dropped_contaminated`` (training documents of the pretraining
+        text; all kept when `data.dedup` compares nothing),
         ``num_sft_empty_responses``, ``num_preference_empty_responses`` (users' records left out for an empty
         response), ``num_dropped_empty`` (empty pretraining rows of a `datasets` source), and ``sources``:
         per pretraining source, its ``documents``, ``chars`` and ``truncated`` count (numbers, nested).
 
     Raises:
-        UserError: Bad data paths or contents, an input inside an output folder, or too few documents.
+        UserError: Bad data paths or contents, an input inside an output folder, too few documents (before or
+            after deduplication), or a `data.dedup.seen_hashes_path` made with other `data.dedup` params.
     """
     root = params.paths.out(params.paths.data)
     _check_inputs_outside(params.data, root)
+    dedup = deduplicator(params.data.dedup)  # before the corpus: bad dedup params or a bad index fail fast
     corpus = build_corpus(params.data)
     if params.data.validation_source is not None:
         from llmpipe.data.sources import use_validation_source
 
         use_validation_source(corpus, params.data)
     _check_nonempty(corpus, data_key(params.data))
+    corpus, counts = deduplicate(corpus, dedup, params.data.dedup)
     evals = eval_sets(corpus, params.data)
-    write(root, corpus, evals, manifest(corpus, evals, params.data))
-    return metrics(corpus, evals, params.data)
+    write(root, corpus, evals, manifest(corpus, evals, params.data, counts))
+    if dedup is not None and params.data.dedup.seen_hashes_path is not None:
+        dedup.save(params.data.dedup.seen_hashes_path)  # after the outputs: a failed run consumes nothing
+    return metrics(corpus, evals, params.data, counts)
 
 
 def build_corpus(data: DataParams) -> Corpus:
@@ -74,7 +86,8 @@ def _check_inputs_outside(data: DataParams, root: Path) -> None:
         return
     inputs = {"data.local.pretrain": data.local.pretrain, "data.local.sft": data.local.sft,
               "data.local.preference": data.local.preference, "data.hf_sft.dataset_name": data.hf_sft.dataset_name,
-              "data.hf_preference.dataset_name": data.hf_preference.dataset_name}
+              "data.hf_preference.dataset_name": data.hf_preference.dataset_name,
+              "data.dedup.seen_hashes_path": data.dedup.seen_hashes_path}
     if data.source == "hf":
         inputs["data.hf.dataset_name"] = data.hf.dataset_name
     if data.source == "mixture":
@@ -108,8 +121,52 @@ def _check_nonempty(corpus: Corpus, where: str) -> None:
                         "validation and test each get one (a stream: raise data.stream.sample_documents)")
 
 
-def manifest(corpus: Corpus, evals: dict[str, list[dict[str, Any]]], data: DataParams) -> dict[str, Any]:
-    """Provenance written to ``pretrain/manifest.json``: interpreter, source, content hash, split, counts."""
+def deduplicator(dedup: DedupParams) -> Deduplicator | None:
+    """The deduplicator of `dedup` holding what `dedup.seen_hashes_path` recorded (when that file exists); None
+    when `dedup` compares nothing."""
+    if not dedup.enabled:
+        return None
+    out = Deduplicator(dedup)
+    if dedup.seen_hashes_path is not None and Path(dedup.seen_hashes_path).exists():
+        out.load(dedup.seen_hashes_path)
+    return out
+
+
+def deduplicate(corpus: Corpus, dedup: Deduplicator | None, params: DedupParams) -> tuple[Corpus, dict[str, int]]:
+    """Drop duplicate and contaminated documents from the pretraining text's training split.
+
+    With `params.decontaminate`, the validation and test documents are registered as references first; then
+    the training documents are checked in corpus order and the admitted ones kept (the first of each group of
+    duplicates). Validation, test and the other datasets are returned as they were.
+
+    Returns:
+        The corpus with the kept training documents, and the counts ``{name: n}`` of
+        :data:`llmpipe.data.dedup.COUNTERS` (all kept when `dedup` is None).
+
+    Raises:
+        UserError: No training document is left.
+    """
+    train = corpus.pretrain["train"]
+    if dedup is None:
+        return corpus, {**dict.fromkeys(COUNTERS, 0), "num_kept": len(train)}
+    if params.decontaminate:
+        for split in ("validation", "test"):
+            for doc in corpus.pretrain[split]:
+                dedup.add_reference(doc["text"])
+    kept = [doc for doc in train if dedup.check(doc["text"]) is None]
+    if not kept:
+        seen = params.seen_hashes_path
+        hint = (f"; {seen} records what earlier runs kept, so a rerun over the same data drops it all: remove that "
+                "file or set data.dedup.seen_hashes_path to another" if seen and Path(seen).exists() else "")
+        raise UserError(f"data.dedup: all {len(train)} training documents were dropped ({dedup.counts}){hint}")
+    return replace(corpus, pretrain={**corpus.pretrain, "train": kept}), dedup.counts
+
+
+def manifest(
+    corpus: Corpus, evals: dict[str, list[dict[str, Any]]], data: DataParams, dedup_counts: dict[str, int]
+) -> dict[str, Any]:
+    """Provenance written to ``pretrain/manifest.json``: interpreter, source, content hash, split, counts,
+    and the deduplication (its params but the seen-hashes path, and its counts)."""
     return {
         **corpus.manifest,
         "python_version": sys.version,
@@ -122,6 +179,11 @@ def manifest(corpus: Corpus, evals: dict[str, list[dict[str, Any]]], data: DataP
             "eval": {name: len(rows) for name, rows in evals.items()},
         },
         "num_chars": {s: sum(len(d["text"]) for d in corpus.pretrain[s]) for s in SPLITS},
+        "dedup": {
+            **data.dedup.model_dump(exclude={"seen_hashes_path"}),
+            "seen_hashes_path_set": data.dedup.seen_hashes_path is not None,
+            "counts": dedup_counts,
+        },
     }
 
 
@@ -148,7 +210,8 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def metrics(corpus: Corpus, evals: dict[str, list[dict[str, Any]]], data: DataParams) -> dict[str, Any]:
+def metrics(corpus: Corpus, evals: dict[str, list[dict[str, Any]]], data: DataParams, dedup_counts: dict[str, int]
+            ) -> dict[str, Any]:
     """The numbers `run` returns (see there)."""
     v = sys.version_info
     out: dict[str, float] = {
@@ -171,6 +234,7 @@ def metrics(corpus: Corpus, evals: dict[str, list[dict[str, Any]]], data: DataPa
         out[f"num_{kind}_empty_responses"] = num
     out["num_dropped_empty"] = corpus.num_dropped_empty
     out["sources"] = source_statistics(corpus, data)
+    out |= {f"num_dedup_{name.removeprefix('num_')}": n for name, n in dedup_counts.items()}
     return out
 
 
