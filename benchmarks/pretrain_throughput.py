@@ -149,6 +149,7 @@ def alternate_callback(raw: RawLoop, block_steps: int, num_blocks: int):
 def run_mode(mode: str, params_path: Path, rounds: int, block_steps: int, tokenizer, tmp: Path) -> dict[str, float]:
     import torch
 
+    from llmpipe.checkpoints import Run
     from llmpipe.config import load_params
     from llmpipe.modeling import build_model
     from llmpipe.stages.pretrain import make_trainer
@@ -179,7 +180,7 @@ def run_mode(mode: str, params_path: Path, rounds: int, block_steps: int, tokeni
     tensorboard = tensorboard_callback(out / "tensorboard")
     trainer = make_trainer(params, build_model(params.model, tokenizer), train, valid, run_dir, [tensorboard, timer])
     assert trainer.args.bf16 == (not fp32) and trainer.args.torch_compile == compiled
-    train_stage(trainer, params, "pretrain", run_dir, tokenizer)
+    train_stage(trainer, params, "pretrain", Run(path=run_dir, resume=None), tokenizer)
     assert len(timer.trainer_s) == num_blocks, "the trainer stopped early"
     tokens = block_steps * cfg.per_device_train_batch_size * cfg.max_length
     trainer_tps = statistics.median(tokens / s for s in timer.trainer_s[1:])
