@@ -12,7 +12,7 @@ Stage start-up: the time from starting `llm-train --task pretrain` (as a hand ru
 temporary folder, so the DVC outputs stay up to date and the run starts fresh) to its log line
 ``pretrain: first step done``, which `llmpipe.training.train_stage` writes when the first optimizer step
 has ended; the process is then killed. Each of the stage's log lines is timestamped on arrival, which
-splits start-up into imports and params, data packing, model and trainer set-up, and the first step.
+splits start-up into imports and params, token files mapped, model and trainer set-up, and the first step.
 A fresh interpreter's import of torch, transformers and the Trainer (which the second and third phases
 include) is timed apart.
 Medians over `--runs`. With the tiny repo the stage trains the tests' tiny params (a 2-layer Llama on a 1k BPE).
@@ -35,7 +35,7 @@ TARGET_NOOP_S = 3.0
 # The stage's log messages (prefixes, in the order they come) that end each phase of start-up.
 PHASES = {
     "hand run with overrides": "python start, cli imports",
-    "pretrain: ": "params, tokenizer, data packed (pack)",
+    "pretrain: ": "params, tokenizer, token files mapped (token_blocks)",
     "pretrain: fresh run": "checkpoint fingerprint, model built, Trainer made",
     "pretrain: first step done": "trainer.train set-up and the first step",
 }
@@ -90,7 +90,7 @@ def startup(repo: Path, env: dict[str, str], out: Path) -> dict[str, float]:
 
 
 def import_s(env: dict[str, str]) -> float:
-    """Seconds a fresh interpreter takes to import what the stage imports before packing (torch, the Trainer)."""
+    """Seconds a fresh interpreter takes to import what the stage imports before its data (torch, the Trainer)."""
     code = "import torch, transformers; from transformers import AutoTokenizer, Trainer, TrainingArguments"
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)

@@ -6,10 +6,11 @@
 
 Stage loop: the HF `Trainer` that `llmpipe.stages.pretrain.make_trainer` builds (the stage's
 `training_kwargs`, TensorBoard callback) run by `llmpipe.training.train_stage` (which adds the stage's
-per-step callbacks), on `PackedBlocks` of random token ids drawn from the vocabulary. Raw loop: the same
+per-step callbacks), on `PackedBlocks` of random token ids drawn from the vocabulary (in memory, stored as the
+tokenize stage stores them; the stage memory-maps its token files). Raw loop: the same
 `build_model(params.model, …)` weights, `torch.optim.AdamW` with the same lr, betas and weight decay
 (decay on matrices only, like the Trainer), the same lr scheduler, `clip_grad_norm_` at `max_grad_norm`,
-batches indexed straight out of the block tensor.
+batches indexed straight out of the blocks (`PackedBlocks.batch`).
 
 Both loops run in one process and alternate: a callback at the end of every `--block-steps`-th Trainer
 step runs one raw block, so the rounds go trainer block, raw block, trainer block, … The trainer block's
@@ -73,12 +74,13 @@ def build_tokenizer(params):
 
 
 def random_blocks(num_blocks: int, block_size: int, vocab_size: int, seed: int):
-    import torch
+    """`PackedBlocks` over random ids of the dtype the tokenize stage would store them in."""
+    import numpy as np
 
-    from llmpipe.stages.pretrain import PackedBlocks
+    from llmpipe.data.tokens import PackedBlocks, token_dtype
 
-    gen = torch.Generator().manual_seed(seed)
-    return PackedBlocks(torch.randint(vocab_size, (num_blocks * block_size,), generator=gen), block_size)
+    ids = np.random.default_rng(seed).integers(vocab_size, size=num_blocks * block_size, dtype=token_dtype(vocab_size))
+    return PackedBlocks(ids, block_size)
 
 
 class RawLoop:
@@ -89,7 +91,7 @@ class RawLoop:
         from transformers import get_scheduler
 
         cfg = params.pretrain
-        self.model, self.blocks, self.bf16, self.cfg = model, blocks.blocks, bf16, cfg
+        self.model, self.blocks, self.bf16, self.cfg = model, blocks, bf16, cfg
         decay = [p for p in model.parameters() if p.ndim >= 2]
         no_decay = [p for p in model.parameters() if p.ndim < 2]
         self.opt = torch.optim.AdamW(
@@ -108,7 +110,7 @@ class RawLoop:
         start = time.perf_counter()
         for _ in range(steps):
             idx = torch.randint(len(self.blocks), (self.cfg.per_device_train_batch_size,), generator=self.gen)
-            x = self.blocks[idx]  # (B, T)
+            x = self.blocks.batch(idx.tolist())  # (B, T) int64
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
                 loss = self.model(input_ids=x, labels=x).loss
             loss.backward()
@@ -147,6 +149,7 @@ def alternate_callback(raw: RawLoop, block_steps: int, num_blocks: int):
 def run_mode(mode: str, params_path: Path, rounds: int, block_steps: int, tokenizer, tmp: Path) -> dict[str, float]:
     import torch
 
+    from llmpipe.checkpoints import Run
     from llmpipe.config import load_params
     from llmpipe.modeling import build_model
     from llmpipe.stages.pretrain import make_trainer
@@ -177,7 +180,7 @@ def run_mode(mode: str, params_path: Path, rounds: int, block_steps: int, tokeni
     tensorboard = tensorboard_callback(out / "tensorboard")
     trainer = make_trainer(params, build_model(params.model, tokenizer), train, valid, run_dir, [tensorboard, timer])
     assert trainer.args.bf16 == (not fp32) and trainer.args.torch_compile == compiled
-    train_stage(trainer, params, "pretrain", run_dir, tokenizer)
+    train_stage(trainer, params, "pretrain", Run(path=run_dir, resume=None), tokenizer)
     assert len(timer.trainer_s) == num_blocks, "the trainer stopped early"
     tokens = block_steps * cfg.per_device_train_batch_size * cfg.max_length
     trainer_tps = statistics.median(tokens / s for s in timer.trainer_s[1:])

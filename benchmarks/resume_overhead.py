@@ -62,7 +62,7 @@ def main() -> None:
         params = yaml.safe_load((repo / "params.yaml").read_text())
         params["pretrain"] = {**params["pretrain"], **SCHEDULE}
         (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        for stage in ("prepare", "tokenizer"):
+        for stage in ("prepare", "tokenizer", "tokenize"):
             subprocess.run([*command("dvc", "dvc"), "repro", "--single-item", stage], check=True, cwd=repo, env=env,
                            capture_output=True)  # fmt: skip
         root = Path(tmp, "run")

@@ -45,9 +45,9 @@ eval: {models: [sft, dpo, ppo], limit: 8, batch_size: 8, max_length: 128}
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    """A folder with params.yaml (tiny), prepared data and a trained tokenizer."""
+    """A folder with params.yaml (tiny), prepared data, a trained tokenizer and the pretraining token files."""
     from llmpipe.config import parse_params
-    from llmpipe.stages import prepare, tokenizer
+    from llmpipe.stages import prepare, tokenize, tokenizer
 
     root = tmp_path_factory.mktemp("train")
     raw = yaml.safe_load(TINY_PARAMS)
@@ -58,6 +58,7 @@ def workdir(tmp_path_factory) -> Path:
                                             "metrics": "metrics"}.items()}})
     prepare.run(params)
     tokenizer.run(params)
+    tokenize.run(params)
     return root
 
 
@@ -74,8 +75,8 @@ def tiny_sft(workdir) -> Path:
     return workdir
 
 
-TRAINING_AND_DATA_STAGES = {"prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo", "reward", "ppo", "grpo",
-                            "report"}
+TRAINING_AND_DATA_STAGES = {"prepare", "tokenizer", "tokenize", "baseline", "pretrain", "sft", "dpo", "reward", "ppo",
+                            "grpo", "report"}
 SHIPPED_STAGES = TRAINING_AND_DATA_STAGES | {
     f"evaluate@{m}" for m in ("baseline", "pretrain", "sft", "dpo", "ppo", "grpo")
 }

@@ -95,8 +95,9 @@ def _restore_logging():
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> Path:
-    """A complete small workspace: raw data in ``in/``, prepared ``data/``, ``artifacts/tokenizer``, tiny
-    safetensors models in ``models/{pretrain,sft,reward}`` and the metrics of the stages that made them."""
+    """A complete small workspace: raw data in ``in/``, prepared ``data/`` with its token files,
+    ``artifacts/tokenizer``, tiny safetensors models in ``models/{pretrain,sft,reward}`` and the metrics of the
+    stages that made them."""
     from transformers import AutoModelForSequenceClassification
 
     from llmpipe.config import load_params
@@ -111,6 +112,7 @@ def template(tmp_path_factory) -> Path:
     with contextlib.chdir(root):
         assert main(["--task", "prepare"]) == 0
         assert main(["--task", "tokenizer"]) == 0
+        assert main(["--task", "tokenize"]) == 0
         params = load_params("params.yaml")
         tok = load_tokenizer(params.paths.tokenizer)
         for name in ("pretrain", "sft"):
@@ -427,6 +429,19 @@ CASES: dict[str, Bad] = {
     "tokenizer: corrupt tokenizer_config.json": Bad(
         "baseline", ("artifacts/tokenizer/tokenizer_config.json: line 2", "not valid JSON"),
         setup=write("artifacts/tokenizer/tokenizer_config.json", '{\n  "x": }\n')),
+    "tokenizer: changed after the token files were made": Bad(
+        "pretrain", ("data/tokens/train was tokenized with another tokenizer than artifacts/tokenizer",
+                     "dvc repro tokenize"),
+        setup=patch_json("artifacts/tokenizer/tokenizer_config.json", model_max_length=64)),
+    "tokenizer: ppo's ptx tokens made with another one": Bad(
+        "ppo", ("data/tokens/train was tokenized with another tokenizer", "dvc repro tokenize"),
+        {"ppo": {"ptx_coef": 0.5}}, setup=patch_json("data/tokens/train/meta.json", tokenizer_sha256="0" * 64)),
+    "data: token files missing": Bad("pretrain", ("data/tokens/train: no token file there", "dvc repro tokenize"),
+                                     setup=remove("data/tokens/train")),
+    "data: truncated token file": Bad(
+        "pretrain", ("data/tokens/validation/tokens.bin", "meta.json declares", "dvc repro tokenize"),
+        setup=lambda root: (root / "data/tokens/validation/tokens.bin").write_bytes(
+            (root / "data/tokens/validation/tokens.bin").read_bytes()[:-2])),
     "tokenizer: pretrained folder with auto_map": Bad(
         "tokenizer", ("in/tok/tokenizer_config.json", "auto_map", "--trust-remote-code"),
         {"tokenizer": {"kind": "pretrained", "name_or_path": "in/tok"}},

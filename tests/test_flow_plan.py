@@ -30,13 +30,13 @@ def repo(tmp_path, offline_env) -> Path:
 def test_plan_is_every_stage_in_dependency_order(repo):
     names = [s.name for s in stage_plan(repo)]
     assert set(names) == SHIPPED_STAGES
-    assert names[:6] == ["prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo"]
+    assert names[:7] == ["prepare", "tokenizer", "tokenize", "baseline", "pretrain", "sft", "dpo"]
     assert names[-1] == "report"
     assert names.index("evaluate@dpo") > names.index("dpo")
 
 
 def test_plan_of_targets_brings_what_they_need(repo):
-    assert [s.name for s in stage_plan(repo, ["sft"])] == ["prepare", "tokenizer", "pretrain", "sft"]
+    assert [s.name for s in stage_plan(repo, ["sft"])] == ["prepare", "tokenizer", "tokenize", "pretrain", "sft"]
     evaluate = [s.name for s in stage_plan(repo, ["evaluate"])]
     assert {"evaluate@baseline", "evaluate@dpo", "baseline", "dpo"} <= set(evaluate) and "report" not in evaluate
     plan = {s.name: s for s in stage_plan(repo, ["evaluate@sft"])}

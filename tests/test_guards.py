@@ -270,7 +270,7 @@ def test_ppo_stops_at_a_nan_loss_before_its_update_and_its_checkpoint(in_root, t
     train = ppo.load_prompts(Path("data/sft/train.jsonl"), tok, 60, None)
     valid = ppo.load_prompts(Path("data/sft/validation.jsonl"), tok, 60, 2)
     run_dir = tmp_path / "run"
-    run, _ = ppo._build(params, tok, train, valid, run_dir)
+    run, _ = ppo._build(params, tok, train, valid, None, run_dir)
     state = {"step": 0, "history": [], "log_history": []}
     board = SummaryWriter(log_dir=str(tmp_path / "tb"))
     ppo._train(run, state, 2, run_dir, board, None)

@@ -37,6 +37,8 @@ def test_repro_builds_every_artifact(repo, env):
         tok = AutoTokenizer.from_pretrained(repo / "models" / stage)
         assert tok.chat_template and tok.pad_token_id != tok.eos_token_id
         assert model.config.vocab_size == len(tok)
+    tokenize = json.loads((repo / "metrics" / "tokenize.json").read_text())
+    assert tokenize["num_tokens_train"] > tokenize["num_tokens_validation"] > 0 and tokenize["mb_per_s"] > 0
     for stage in ("pretrain", "sft", "dpo"):
         metrics = json.loads((repo / "metrics" / f"{stage}.json").read_text())
         assert math.isfinite(metrics["train_loss"]) and math.isfinite(metrics["eval_loss"]), stage
@@ -75,7 +77,7 @@ def test_exp_run_lr_reruns_from_pretrain_with_fresh_checkpoints(repo, env):
     sh(repo, env, "git", "commit", "-qm", "baseline run")
     before = set((repo / "checkpoints" / "pretrain").iterdir())
     out = sh(repo, env, "dvc", "exp", "run", "-n", "lr5e-4", "-S", "train.lr=5e-4")
-    assert stages_run(out) == ALL_STAGES - {"prepare", "tokenizer", "baseline", "evaluate@baseline"}
+    assert stages_run(out) == ALL_STAGES - {"prepare", "tokenizer", "tokenize", "baseline", "evaluate@baseline"}
     assert "resuming from" not in out, "another run's checkpoint was resumed"
     after = set((repo / "checkpoints" / "pretrain").iterdir())
     assert len(after - before) == 1, "the new lr trains in a new fingerprint folder"

@@ -32,7 +32,7 @@ from llmpipe.rl.ppo import (
     value_loss,
     whiten,
 )
-from llmpipe.stages import ppo, prepare, tokenizer
+from llmpipe.stages import ppo, prepare, tokenize, tokenizer
 from llmpipe.stages.ppo import IndexStream
 
 
@@ -208,8 +208,8 @@ def _params(output_root: Path, **ppo):
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    """Prepared data, a trained tokenizer, a tiny (untrained) models/sft and a one-label models/reward on its
-    backbone, and params.yaml (tiny, TINY_PPO steps) for `llm-train` run in this folder."""
+    """Prepared data, a trained tokenizer and its token files, a tiny (untrained) models/sft and a one-label
+    models/reward on its backbone, and params.yaml (tiny, TINY_PPO steps) for `llm-train` run in this folder."""
     from transformers import AutoModelForSequenceClassification
 
     root = tmp_path_factory.mktemp("ppo")
@@ -218,6 +218,7 @@ def workdir(tmp_path_factory) -> Path:
         mp.chdir(root)
         prepare.run(params)
         tokenizer.run(params)
+        tokenize.run(params)  # the ptx term reads data/tokens/train
         tok = load_tokenizer(params.paths.tokenizer)
     sft = build_model(params.model, tok)
     save_model(sft, tok, root / "models" / "sft")

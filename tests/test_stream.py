@@ -49,9 +49,9 @@ def write_corpus(folder: Path, num_shards: int, docs_per_shard: int, seed: int) 
 
 @pytest.fixture(scope="module")
 def streamdir(tmp_path_factory) -> Path:
-    """A folder with an 8-shard and a 3-shard corpus, params.yaml streaming the first, and prepare's sample and
-    tokenizer made from it."""
-    from llmpipe.stages import prepare, tokenizer
+    """A folder with an 8-shard and a 3-shard corpus, params.yaml streaming the first, and prepare's sample,
+    tokenizer and token files (validation blocks) made from it."""
+    from llmpipe.stages import prepare, tokenize, tokenizer
 
     root = tmp_path_factory.mktemp("stream")
     write_corpus(root / "corpus", 8, 20, seed=0)
@@ -63,6 +63,7 @@ def streamdir(tmp_path_factory) -> Path:
         params = load_params("params.yaml")
         prepare.run(params)
         tokenizer.run(params)
+        tokenize.run(params)
     finally:
         os.chdir(cwd)
     return root

@@ -1,5 +1,5 @@
-"""Training stages on tiny real models: fingerprints keep runs apart, packing, and the final model is written
-atomically (killed-and-resumed runs of every stage: test_resume.py)."""
+"""Training stages on tiny real models: fingerprints keep runs apart and the final model is written atomically
+(killed-and-resumed runs of every stage: test_resume.py; packing and token files: test_tokens.py)."""
 
 from __future__ import annotations
 
@@ -20,25 +20,6 @@ def test_fingerprint_ignores_budgets_but_not_hyperparameters(workdir):
     assert fingerprint(base, "pretrain", inputs) == fingerprint(longer, "pretrain", inputs)
     assert fingerprint(base, "pretrain", inputs) != fingerprint(other_lr, "pretrain", inputs)
     assert fingerprint(base, "sft", inputs) != fingerprint(base, "pretrain", inputs)
-
-
-def test_pack_ids_gives_the_tokenizer_calls_ids_with_eos_after_each_document(workdir):
-    from llmpipe.io import read_jsonl
-    from llmpipe.modeling import load_tokenizer
-    from llmpipe.stages.pretrain import pack_ids
-
-    tok = load_tokenizer(workdir / "artifacts" / "tokenizer")
-    texts = [row["text"] for row in read_jsonl(workdir / "data" / "pretrain" / "validation.jsonl")]
-    texts += ["", "special tokens in text: <s> </s> <|user|>"]
-
-    def expected() -> list[int]:
-        ids = tok(texts, add_special_tokens=False)["input_ids"]
-        return [t for doc in ids for t in (*doc, tok.eos_token_id)]
-
-    assert pack_ids(texts, tok).tolist() == expected()
-    tok.backend_tokenizer.enable_truncation(8)  # a backend left truncating: pack_ids goes through the call
-    assert pack_ids(texts, tok).tolist() == expected()
-    assert pack_ids([], tok).tolist() == []
 
 
 def test_atomic_dir_keeps_the_old_folder_on_failure(tmp_path):

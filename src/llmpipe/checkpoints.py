@@ -29,7 +29,7 @@ from llmpipe.config import BUDGET_KEYS, Params
 from llmpipe.distributed.launch import is_main_process
 from llmpipe.distributed.params import LAUNCH_KEYS
 from llmpipe.errors import UserError
-from llmpipe.io import safetensors_problem, write_json
+from llmpipe.io import hash_paths, safetensors_problem, write_json
 
 log = logging.getLogger(__name__)
 
@@ -38,23 +38,6 @@ STATE_FILE = "trainer_state.json"
 PREFIX = "checkpoint-"
 BATCH_LAYOUT_KEYS = frozenset({"per_device_train_batch_size", "gradient_accumulation_steps"})
 """Keys whose change, even at the same global batch, makes a checkpoint another run (named in the refusal)."""
-
-
-def hash_paths(paths: list[Path]) -> str:
-    """SHA-256 over the relative names and bytes of every file under `paths` (files or folders), in order.
-
-    Raises:
-        UserError: An input does not exist (an earlier stage has not run).
-    """
-    h = hashlib.sha256()
-    for root in map(Path, paths):
-        if not root.exists():
-            raise UserError(f"{root}: missing input of this stage; run the stages before it first (dvc repro)")
-        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-        for f in files:
-            h.update(str(f.relative_to(root) if f != root else f.name).encode())
-            h.update(hashlib.sha256(f.read_bytes()).digest())
-    return h.hexdigest()
 
 
 def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:

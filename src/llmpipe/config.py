@@ -38,7 +38,7 @@ class ParamsError(UserError):
 class PathsParams(Section):
     """Where every stage reads and writes, relative to the repository root (dvc.yaml templates these)."""
 
-    data: str = Field("data", description="Prepared datasets: data/{pretrain,sft,preference,eval}/.")
+    data: str = Field("data", description="Prepared datasets: data/{pretrain,sft,preference,eval,tokens}/.")
     tokenizer: str = Field("artifacts/tokenizer", description="Tokenizer directory (save_pretrained).")
     models: str = Field("models", description="Final model directories: models/<stage>/.")
     metrics: str = Field("metrics", description="DVC metrics: metrics/<stage>.json, metrics/eval/<model>.json.")
@@ -500,7 +500,7 @@ class PPOParams(TrainParams):
     whiten_advantages: bool = Field(True, description="Standardise advantages over each rollout batch.")
     reward_clip: float | None = Field(None, gt=0, description="Clip scores to ±reward_clip after normalising; null = off.")
     missing_eos_penalty: float = Field(0.0, ge=0, description="Subtracted from the score of completions without eos.")
-    ptx_coef: float = Field(0.0, ge=0, description="Weight of an LM loss on data/pretrain blocks (PPO-ptx); 0 = off.")
+    ptx_coef: float = Field(0.0, ge=0, description="Weight of an LM loss on data/tokens/train blocks (PPO-ptx); 0 = off.")
     reward_model: bool = Field(True, description="Score completions with models/reward (last token of prompt+completion).")
     rewards: list[RewardSpec] = Field([], description="Reward functions added to the score, by name and weight.")
     generation: GenerationParams = GenerationParams()

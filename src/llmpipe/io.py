@@ -1,8 +1,10 @@
-"""Atomic writes: a killed stage never leaves a half-written file or model folder that DVC could cache."""
+"""Atomic writes (a killed stage never leaves a half-written file or model folder that DVC could cache),
+jsonl reading and content hashes of input files."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -11,6 +13,8 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from llmpipe.errors import UserError
 
 
 def _umask() -> int:
@@ -76,13 +80,17 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read a jsonl file.
+    """Read a jsonl file into memory (see `iter_jsonl`)."""
+    return list(iter_jsonl(path))
+
+
+def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The rows of a jsonl file, one at a time (memory bounded by the longest line); blank lines are skipped.
 
     Raises:
         ValueError: A line is not UTF-8 or not a JSON object; the message gives the file and line number.
         FileNotFoundError: The file does not exist.
     """
-    rows = []
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             line = decode_line(raw, path, lineno)
@@ -94,8 +102,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg}); fix or remove that line") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
+            yield row
 
 
 def decode_line(raw: bytes, path: str | Path, lineno: int) -> str:
@@ -130,3 +137,23 @@ def safetensors_problem(f: Path) -> str | None:
             return "unreadable header"
     end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
     return None if 8 + n + end == size else f"{size} bytes, its header says {8 + n + end}"
+
+
+def hash_paths(paths: list[Path]) -> str:
+    """SHA-256 over the relative names and bytes of every file under `paths` (files or folders), in order.
+
+    Files are read in chunks, so memory stays bounded however large they are.
+
+    Raises:
+        UserError: An input does not exist (an earlier stage has not run).
+    """
+    h = hashlib.sha256()
+    for root in map(Path, paths):
+        if not root.exists():
+            raise UserError(f"{root}: missing input of this stage; run the stages before it first (dvc repro)")
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        for f in files:
+            h.update(str(f.relative_to(root) if f != root else f.name).encode())
+            with f.open("rb") as fh:
+                h.update(hashlib.file_digest(fh, "sha256").digest())
+    return h.hexdigest()

@@ -99,7 +99,7 @@ def make_trainer(params: Params, model, stream: streams.PackedStream, valid, run
         params: Validated params (``pretrain.resolved_max_steps`` > 0: a stream has no length).
         model: The causal LM to train.
         stream: This rank's stream (:func:`open_stream`).
-        valid: Validation blocks (prepare's held-out documents, packed).
+        valid: Validation blocks (prepare's held-out documents, from the tokenize stage's token file).
         run_dir: The run's checkpoint folder.
         callbacks: Extra `TrainerCallback`s.
     """

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from llmpipe.config import DataParams, HFSourceParams
+from llmpipe.data.tokens import pack_ids
 from llmpipe.errors import UserError, root_cause
 
 log = logging.getLogger(__name__)
@@ -280,7 +281,7 @@ class PackedStream(torch.utils.data.IterableDataset):
 
     Args:
         documents: The document source.
-        tokenizer: The pipeline tokenizer (encoded as the pretrain stage encodes: `pack_ids`).
+        tokenizer: The pipeline tokenizer (encoded as the tokenize stage encodes: `pack_ids`).
         block_size: T, tokens per block.
         filters: The admission filter of the documents (its counts and dedup state are part of the cursor).
         fingerprints: The sources' fingerprints (:func:`open_source`), stored in and checked against a cursor.
@@ -301,9 +302,7 @@ class PackedStream(torch.utils.data.IterableDataset):
         return self.documents.state(), self.filters.dedup_state(), dict(self.filters.counts)
 
     def _refill(self) -> None:
-        from llmpipe.stages.pretrain import pack_ids
-
-        new = pack_ids([self.documents.next_document() for _ in range(DOC_BATCH)], self.tokenizer).numpy()
+        new = pack_ids([self.documents.next_document() for _ in range(DOC_BATCH)], self.tokenizer)
         self._chunk, self._offset = np.concatenate([self._chunk[self._offset :], new]), 0
         self._refill_state = self._capture()
         self.filters.counts["num_tokens"] += len(new)

@@ -13,6 +13,7 @@ from types import ModuleType
 TASKS: dict[str, str] = {
     "prepare": "Build train/validation/test datasets (pretraining text, SFT pairs, preference pairs, eval sets).",
     "tokenizer": "Train a byte-level BPE tokenizer on the pretraining split (or load one).",
+    "tokenize": "Tokenise the pretraining splits once into memory-mappable token files (data/tokens/<split>/).",
     "baseline": "Save an untrained (random-init) model of the configured shape: the evaluation baseline.",
     "pretrain": "Causal-LM pretraining of a Llama model on packed token blocks.",
     "sft": "Supervised fine-tuning on chat pairs (TRL SFTTrainer), loss on assistant turns.",
@@ -30,7 +31,7 @@ ALIASES: dict[str, str] = {"lm": "pretrain", "stream_lm": "pretrain"}
 
 TRAINING_TASKS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 
-LOADING_TASKS = ("tokenizer", "baseline", *TRAINING_TASKS, "evaluate")
+LOADING_TASKS = ("tokenizer", "tokenize", "baseline", *TRAINING_TASKS, "evaluate")
 """Tasks that load a model or tokenizer folder; their ``run`` takes ``trust_remote_code`` (`--trust-remote-code`)."""
 
 HAND_TASKS = ("regression",)

@@ -41,6 +41,7 @@ from llmpipe.callbacks import batch_digest, kill_at_step, maybe_kill, write_ledg
 from llmpipe.checkpoints import PREFIX, ResumeRequest, newest_whole, open_run, rotate
 from llmpipe.config import Params, PPOParams
 from llmpipe.data.loading import load_split
+from llmpipe.data.tokens import PackedBlocks, token_blocks
 from llmpipe.distributed.launch import check_world
 from llmpipe.errors import UserError
 from llmpipe.guards import check_same_tokenizer
@@ -68,7 +69,6 @@ from llmpipe.rl.ppo import (
     value_loss,
     whiten,
 )
-from llmpipe.stages.pretrain import pack
 from llmpipe.throughput import peak_memory_gb, reset_peak_memory
 from llmpipe.training import resolve_precision, training_kwargs, write_plots
 
@@ -244,7 +244,7 @@ class PPORun:
     valid: Prompts
     stream: IndexStream
     running: RunningMeanStd
-    ptx_blocks: Any | None = None
+    ptx_blocks: PackedBlocks | None = None
     ptx_stream: IndexStream | None = None
 
     def positions(self) -> dict[str, Any]:
@@ -405,7 +405,7 @@ class PPORun:
             "approx_kl": pg.approx_kl,
         }
         if self.ptx_blocks is not None:
-            blocks = self.ptx_blocks.blocks[self.ptx_stream.take(len(rows))].to(ids.device)
+            blocks = self.ptx_blocks.batch(self.ptx_stream.take(len(rows))).to(ids.device)  # (B, T)
             out["ptx_loss"] = self.policy(input_ids=blocks, labels=blocks).loss
             out["loss"] = out["loss"] + cfg.ptx_coef * out["ptx_loss"]
         return out
@@ -551,9 +551,24 @@ def _summary(history: list[dict[str, Any]], rollout_batch_size: int) -> dict[str
 
 
 def _build(
-    params: Params, tokenizer, train: Prompts, valid: Prompts, run_dir: Path, trust_remote_code: bool = False
+    params: Params,
+    tokenizer,
+    train: Prompts,
+    valid: Prompts,
+    ptx: PackedBlocks | None,
+    run_dir: Path,
+    trust_remote_code: bool = False,
 ) -> tuple[PPORun, int]:
     """Models, optimizer and schedule on an `Accelerator`, and the checkpointed state objects registered.
+
+    Args:
+        params: Validated params.
+        tokenizer: The pipeline tokenizer.
+        train: Training prompts.
+        valid: Validation prompts.
+        ptx: Pretraining blocks for the ptx loss (None when ``ppo.ptx_coef`` is 0).
+        run_dir: The run's checkpoint folder.
+        trust_remote_code: Let model folders with pickled weights or ``auto_map`` code load.
 
     Returns:
         The run and its number of PPO steps.
@@ -601,9 +616,8 @@ def _build(
         value_model=value_model, reward_model=reward_model, optimizer=optimizer, scheduler=scheduler,
         train=train, valid=valid, stream=IndexStream(len(train.ids), cfg.seed), running=RunningMeanStd(),
     )  # fmt: skip
-    if cfg.ptx_coef > 0:
-        run.ptx_blocks = pack(Path(paths.data, "pretrain", "train.jsonl"), tokenizer, cfg.max_length)
-        run.ptx_stream = IndexStream(len(run.ptx_blocks), cfg.seed)
+    if ptx is not None:
+        run.ptx_blocks, run.ptx_stream = ptx, IndexStream(len(ptx), cfg.seed)
     return run, total_steps
 
 
@@ -657,11 +671,11 @@ def _train(
 
 def inputs(params: Params) -> list[Path]:
     """What the run reads (its checkpoint fingerprint hashes them): the SFT prompts, the tokenizer, the policy
-    model, the reward model, and the pretraining text when `ptx_coef` mixes it in."""
+    model, the reward model, and the pretraining train tokens when `ptx_coef` mixes them in."""
     paths = params.paths
     found = [Path(paths.data, "sft"), Path(paths.tokenizer), Path(paths.models, params.ppo.policy),
              Path(paths.models, "reward")]  # fmt: skip
-    return [*found, Path(paths.data, "pretrain")] if params.ppo.ptx_coef > 0 else found
+    return [*found, Path(paths.data, "tokens", "train")] if params.ppo.ptx_coef > 0 else found
 
 
 def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
@@ -698,8 +712,10 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     policy_dir, reward_dir = Path(paths.models, cfg.policy), Path(paths.models, "reward")
     check_model_dir(policy_dir, f"run the {cfg.policy} stage first (dvc repro {cfg.policy})", trust_remote_code)
     check_model_dir(reward_dir, REWARD_MISSING, trust_remote_code)  # before hashing them: names the fix
+    ptx_tokens = Path(paths.data, "tokens", "train")
+    ptx = token_blocks(ptx_tokens, Path(paths.tokenizer), cfg.max_length) if cfg.ptx_coef > 0 else None
     run = open_run(params, "ppo", inputs(params), resume)
-    ppo, total_steps = _build(params, tokenizer, train, valid, run.path, trust_remote_code)
+    ppo, total_steps = _build(params, tokenizer, train, valid, ptx, run.path, trust_remote_code)
 
     state: dict[str, Any] = {"step": 0, "history": [], "log_history": []}
     if run.resume:

@@ -19,7 +19,7 @@ from llmpipe.evaluation.checks import Check, Metrics, run_checks
 from llmpipe.evaluation.tasks import LOCAL_TASKS
 from llmpipe.io import atomic_file
 
-STAGES = ("prepare", "tokenizer", "baseline", "pretrain", "sft", "dpo", "reward", "ppo", "grpo")
+STAGES = ("prepare", "tokenizer", "tokenize", "baseline", "pretrain", "sft", "dpo", "reward", "ppo", "grpo")
 """Stages whose ``metrics/<stage>.json`` the report reads (missing files are skipped)."""
 
 TRAINING_COLUMNS = (
