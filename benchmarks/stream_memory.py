@@ -90,10 +90,11 @@ def child(corpus: Path, tokenizer: Path, dedup: str) -> dict:
 
     start = time.perf_counter()
     data = DataParams(source="hf", streaming=True, hf={"dataset_name": str(corpus)},
-                      **({"dedup": {"exact": True, "near": dedup == "near"}} if dedup != "none" else {}))
+                      dedup={"none": {"exact": False, "near": False, "decontaminate": False},
+                             "exact": {"near": False}, "near": {}}[dedup])
     tok = AutoTokenizer.from_pretrained(tokenizer)
     with tempfile.TemporaryDirectory() as scratch:
-        dedup_obj = streams.deduplicator(data, references=[]) if dedup != "none" else None
+        dedup_obj = streams.deduplicator(data, references=[])
         stream = streams.build(data, tok, 1024, 0, 1, scratch, dedup_obj)
         loader = torch.utils.data.DataLoader(stream, batch_size=16, num_workers=0)
         first = None

@@ -84,7 +84,8 @@ def _take(stream, n: int) -> list[list[int]]:
 
 def _stream(params, root: Path, rank: int = 0, world: int = 1):
     tok = load_tokenizer(root / params.paths.tokenizer)
-    return streams.build(params.data, tok, params.pretrain.max_length, rank, world, str(root / "scratch"))
+    dedup = streams.deduplicator(params.data, [])
+    return streams.build(params.data, tok, params.pretrain.max_length, rank, world, str(root / "scratch"), dedup)
 
 
 def test_the_cursor_resumes_token_for_token_twice_through_a_mixture(streamdir, monkeypatch):
@@ -131,6 +132,43 @@ def test_ranks_read_disjoint_documents(streamdir, monkeypatch, name, how):
     heldout = {json.loads(line)["text"] for split in ("validation", "test")
                for line in (streamdir / "data" / "pretrain" / f"{split}.jsonl").read_text().splitlines()}
     assert heldout and not heldout & set(one), "the held-out documents never enter the training stream"
+
+
+def test_the_stream_drops_duplicates_and_a_later_run_skips_what_it_admitted(streamdir, monkeypatch):
+    monkeypatch.chdir(streamdir)
+    rows = [json.dumps({"text": f"unique document {i}: " + " ".join(WORDS[i % 7 :] + WORDS[: i % 5])})
+            for i in range(60)]
+    copied = [r for r in rows[:30] for _ in range(2)]  # each document twice in a row
+    for name, parts in (("dups", [copied, rows[30:45]]), ("more", [rows[30:], rows[:10]])):
+        (streamdir / name).mkdir()
+        for i, part in enumerate(parts):
+            (streamdir / name / f"part-{i}.jsonl").write_text("\n".join(part) + "\n")
+    dedup = {"near": False, "seen_hashes_path": "seen.bin"}
+    unshuffled = {"shuffle_buffer": 0, "sample_documents": 300}
+    first = _params(streamdir, hf={"dataset_name": "dups"}, dedup=dedup, stream=unshuffled)
+    stream = _stream(first, streamdir)
+    docs = [stream.documents.next_document() for _ in range(43)]  # 45 distinct documents, 2 of them held out
+    assert len(set(docs)) == 43 and set(docs) <= set(_texts(rows[:45])), "a copy came through"
+    assert stream.filters.counts["num_dropped_exact"] > 0
+    stream.filters.dedup.save("seen.bin")
+    later = _documents_of(_stream(_params(streamdir, hf={"dataset_name": "more"}, dedup=dedup, stream=unshuffled),
+                                  streamdir))
+    assert later and not set(later) & set(docs), "a document the first run admitted came back"
+    assert set(later) <= set(_texts(rows[45:]))
+
+
+def _texts(rows: list[str]) -> list[str]:
+    return [json.loads(r)["text"] for r in rows]
+
+
+def _documents_of(stream) -> list[str]:
+    """One pass of a stream's documents (with shuffle_buffer 0: nothing waits in the buffer)."""
+    out = []
+    while not any(s.epoch for s in stream.documents.streams):
+        text = stream.documents.next_document()
+        if not any(s.epoch for s in stream.documents.streams):
+            out.append(text)
+    return out
 
 
 def test_a_cursor_of_other_data_is_refused(streamdir, monkeypatch):

@@ -23,6 +23,7 @@ from llmpipe.checkpoints import Run
 from llmpipe.config import Params
 from llmpipe.data import stream as streams
 from llmpipe.errors import UserError
+from llmpipe.io import iter_jsonl
 from llmpipe.training import training_kwargs
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,18 @@ def open_stream(params: Params, tokenizer, run: Run, scratch: str) -> streams.Pa
 
 
 def _deduplicator(params: Params):
-    """The stream's deduplicator with the held-out splits as references, or None when dedup is off."""
-    return None
+    """The stream's deduplicator with prepare's held-out documents as references, or None when dedup is off."""
+    held_out = (row["text"] for split in ("validation", "test")
+                for row in iter_jsonl(Path(params.paths.data, "pretrain", f"{split}.jsonl")))
+    return streams.deduplicator(params.data, held_out)
+
+
+def save_seen(params: Params, stream: streams.PackedStream) -> None:
+    """Write what the stream admitted to `data.dedup.seen_hashes_path` (rank 0's part in a multi-process run:
+    each rank deduplicates the documents it reads), so a later run does not re-admit it."""
+    path = params.data.dedup.seen_hashes_path
+    if path is not None and stream.filters.dedup is not None and _rank_world()[0] == 0:
+        stream.filters.dedup.save(path)
 
 
 class _StreamTrainer(Trainer):

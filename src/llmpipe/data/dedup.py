@@ -349,3 +349,18 @@ class Deduplicator:
         for name, size in header["blobs"]:
             blobs[name], offset = body[offset : offset + size], offset + size
         return header, blobs
+
+
+def from_params(params: DedupParams) -> Deduplicator | None:
+    """The deduplicator of `params` holding what `params.seen_hashes_path` recorded (when that file exists); None
+    when `params` compares nothing.
+
+    Raises:
+        UserError: The seen-hashes file was made with other params or is not an index (see `Deduplicator.load`).
+    """
+    if not params.enabled:
+        return None
+    out = Deduplicator(params)
+    if params.seen_hashes_path is not None and Path(params.seen_hashes_path).exists():
+        out.load(params.seen_hashes_path)
+    return out

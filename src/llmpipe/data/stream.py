@@ -30,7 +30,7 @@ import logging
 import os
 import random
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,7 +131,7 @@ class DocumentStream:
         world_size: Number of processes reading the source.
         shuffle_buffer: Documents held in the buffer (0 = stream order).
         max_chars: Documents are cut to this many characters (as prepare cuts them).
-        keep: Decides whether a (cut, non-empty) document is admitted, and counts why not.
+        keep: Decides whether a (cut) document is admitted, and counts why not; told of each new pass.
     """
 
     opened: OpenedSource
@@ -140,7 +140,7 @@ class DocumentStream:
     world_size: int
     shuffle_buffer: int
     max_chars: int
-    keep: Callable[[str], bool]
+    keep: StreamFilter
     epoch: int = 0
     pos: int = 0
     shard_state: dict[str, Any] | None = None
@@ -171,10 +171,11 @@ class DocumentStream:
                         raise UserError(
                             f"{self.opened.key}: a whole pass over {self.opened.source.dataset_name!r} gave rank "
                             f"{self.rank} no training document (all empty, held out for validation/test, or "
-                            "duplicates); give a larger source, or turn data.dedup off for a multi-epoch stream"
+                            "duplicates of what data.dedup.seen_hashes_path records); give a larger source"
                         )
                     self.epoch, self.pos, self.shard_state = self.epoch + 1, 0, None
                     self.order, self.admitted_this_epoch = self._order(self.epoch), 0
+                    self.keep.new_pass()
                     continue
                 shard = self.opened.dataset.shard(num_shards=self.opened.num_shards, index=self.order[self.pos])
                 if self.shard_state is not None:
@@ -368,22 +369,39 @@ class PackedStream(torch.utils.data.IterableDataset):
 
 class StreamFilter:
     """Which documents a stream admits, with counts: non-empty, in the training split (by the hash prepare's
-    split uses), and not a duplicate when a deduplicator is given."""
+    split uses; unless `heldout` is False, as for prepare's own sample), and not a duplicate when a
+    deduplicator is given.
 
-    def __init__(self, data: DataParams, dedup: Any | None = None) -> None:
+    The deduplicator's index restarts (from what it held when given: an earlier run's seen documents and the
+    held-out references) whenever a source starts a new pass, so a multi-epoch stream repeats its documents once
+    per pass instead of running dry; within a pass, and against earlier runs and the held-out splits, duplicates
+    are dropped. (In a mixture, a restart for one source lets a later duplicate of another source's document of
+    that pass through.)
+    """
+
+    def __init__(self, data: DataParams, dedup: Any | None = None, heldout: bool = True) -> None:
         from llmpipe.data.splits import split_of
 
         self._split = lambda text: split_of(data.seed, text, data.validation_fraction, data.test_fraction)
         # With a validation source, prepare moved the hash split's validation share into train.
         self._trained = ("train", "validation") if data.validation_source is not None else ("train",)
+        self._heldout = heldout
         self.dedup = dedup
+        self._base = None if dedup is None else dedup.state()
         self.counts = {"num_documents": 0, "num_dropped_empty": 0, "num_dropped_heldout": 0, "num_tokens": 0}
+
+    def new_pass(self) -> None:
+        """A source starts another pass: the dedup index goes back to what it held when given."""
+        if self.dedup is not None:
+            from llmpipe.data.dedup import Deduplicator
+
+            self.dedup = Deduplicator.from_state(self._base, self.dedup.params)
 
     def __call__(self, text: str) -> bool:
         if not text.strip():
             self.counts["num_dropped_empty"] += 1
             return False
-        if self._split(text) not in self._trained:
+        if self._heldout and self._split(text) not in self._trained:
             self.counts["num_dropped_heldout"] += 1
             return False
         if self.dedup is not None:
@@ -400,10 +418,24 @@ class StreamFilter:
         return None if self.dedup is None else base64.b64encode(self.dedup.state()).decode()
 
     def load(self, dedup: str | None, counts: dict[str, int]) -> None:
-        """Restore the deduplicator's state and the counts."""
+        """Restore the deduplicator's state (seen index, references, counts) and the counts."""
         if self.dedup is not None and dedup is not None:
-            self.dedup.load_state(base64.b64decode(dedup))
+            from llmpipe.data.dedup import Deduplicator
+
+            self.dedup = Deduplicator.from_state(base64.b64decode(dedup), self.dedup.params)
         self.counts = dict(counts)
+
+
+def deduplicator(data: DataParams, references: Iterable[str]):
+    """The stream's `llmpipe.data.dedup.Deduplicator` (`data.dedup`, with the documents `seen_hashes_path` holds)
+    and, with `data.dedup.decontaminate`, `references` (the held-out documents) registered; None when off."""
+    from llmpipe.data.dedup import from_params
+
+    dedup = from_params(data.dedup)
+    if dedup is not None and data.dedup.decontaminate:
+        for text in references:
+            dedup.add_reference(text)
+    return dedup
 
 
 def build(data: DataParams, tokenizer, block_size: int, rank: int, world_size: int, cache_dir: str,
@@ -445,8 +477,8 @@ def sample(data: DataParams, num_documents: int, cache_dir: str) -> list[dict[st
         shorter.
     """
     opened = [open_source(key, src, cache_dir) for key, src, _ in sources_of(data)]
-    streams = [DocumentStream(o, data.seed, 0, 1, 0, data.max_chars_per_document, lambda t: bool(t.strip()))
-               for o in opened]
+    non_empty = StreamFilter(data, heldout=False)
+    streams = [DocumentStream(o, data.seed, 0, 1, 0, data.max_chars_per_document, non_empty) for o in opened]
     mixture = Mixture(streams, [w for _, _, w in sources_of(data)], data.seed)
     out: list[dict[str, Any]] = []
     while len(out) < num_documents and not any(s.epoch for s in streams):

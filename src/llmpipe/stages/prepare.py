@@ -21,7 +21,7 @@ from typing import Any
 from llmpipe.config import DataParams, DedupParams, Params
 from llmpipe.data.corpus import EVAL_SETS, Corpus, eval_sets
 from llmpipe.data.corrupt import CORRUPTIONS
-from llmpipe.data.dedup import COUNTERS, Deduplicator
+from llmpipe.data.dedup import COUNTERS, Deduplicator, from_params
 from llmpipe.data.splits import SPLITS
 from llmpipe.errors import UserError
 from llmpipe.io import atomic_dir, write_json, write_jsonl
@@ -54,7 +54,7 @@ def run(params: Params) -> dict[str, float]:
     """
     root = params.paths.out(params.paths.data)
     _check_inputs_outside(params.data, root)
-    dedup = deduplicator(params.data.dedup)  # before the corpus: bad dedup params or a bad index fail fast
+    dedup = from_params(params.data.dedup)  # before the corpus: bad dedup params or a bad index fail fast
     corpus = build_corpus(params.data)
     if params.data.validation_source is not None:
         from llmpipe.data.sources import use_validation_source
@@ -64,8 +64,10 @@ def run(params: Params) -> dict[str, float]:
     corpus, counts = deduplicate(corpus, dedup, params.data.dedup)
     evals = eval_sets(corpus, params.data)
     write(root, corpus, evals, manifest(corpus, evals, params.data, counts))
-    if dedup is not None and params.data.dedup.seen_hashes_path is not None:
-        dedup.save(params.data.dedup.seen_hashes_path)  # after the outputs: a failed run consumes nothing
+    if dedup is not None and params.data.dedup.seen_hashes_path is not None and not params.data.streaming:
+        # After the outputs: a failed run consumes nothing. A stream's sample is not consumed: pretrain records
+        # what the stream admits.
+        dedup.save(params.data.dedup.seen_hashes_path)
     return metrics(corpus, evals, params.data, counts)
 
 
@@ -119,17 +121,6 @@ def _check_nonempty(corpus: Corpus, where: str) -> None:
     if not all(counts.values()):
         raise UserError(f"{where}: too few distinct documents to split ({counts}); give at least 3 so train, "
                         "validation and test each get one (a stream: raise data.stream.sample_documents)")
-
-
-def deduplicator(dedup: DedupParams) -> Deduplicator | None:
-    """The deduplicator of `dedup` holding what `dedup.seen_hashes_path` recorded (when that file exists); None
-    when `dedup` compares nothing."""
-    if not dedup.enabled:
-        return None
-    out = Deduplicator(dedup)
-    if dedup.seen_hashes_path is not None and Path(dedup.seen_hashes_path).exists():
-        out.load(dedup.seen_hashes_path)
-    return out
 
 
 def deduplicate(corpus: Corpus, dedup: Deduplicator | None, params: DedupParams) -> tuple[Corpus, dict[str, int]]:

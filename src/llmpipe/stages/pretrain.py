@@ -95,4 +95,6 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     with tempfile.TemporaryDirectory(prefix="llmpipe-stream-") as scratch:
         stream = stream_trainer.open_stream(params, tokenizer, run, scratch)
         trainer = stream_trainer.make_trainer(params, model, stream, valid, run.path, [tensorboard])
-        return {**train_stage(trainer, params, "pretrain", run, tokenizer), **stream_trainer.counts(stream)}
+        metrics = train_stage(trainer, params, "pretrain", run, tokenizer)
+        stream_trainer.save_seen(params, stream)
+        return {**metrics, **stream_trainer.counts(stream)}
