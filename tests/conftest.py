@@ -44,12 +44,21 @@ eval: {models: [sft, dpo, ppo], limit: 8, batch_size: 8, max_length: 128}
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    """A folder with params.yaml (tiny), prepared data, a trained tokenizer and the pretraining token files."""
+def workdir(prepared, tmp_path_factory) -> Path:
+    """A folder of this module's own with params.yaml (tiny), prepared data, a trained tokenizer and the
+    pretraining token files: a copy of `prepared`, so modules cannot see each other's changes."""
+    root = tmp_path_factory.mktemp("train")
+    shutil.copytree(prepared, root, dirs_exist_ok=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory) -> Path:
+    """prepare, tokenizer and tokenize run once per session on TINY_PARAMS (~15 s; `workdir` copies it)."""
     from llmpipe.config import parse_params
     from llmpipe.stages import prepare, tokenize, tokenizer
 
-    root = tmp_path_factory.mktemp("train")
+    root = tmp_path_factory.mktemp("prepared")
     raw = yaml.safe_load(TINY_PARAMS)
     raw["paths"] = {"output_root": "."}
     (root / "params.yaml").write_text(yaml.safe_dump(raw))

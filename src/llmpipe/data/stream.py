@@ -74,7 +74,8 @@ def open_source(key: str, source: HFSourceParams, cache_dir: str) -> OpenedSourc
     A local file is read by its format's packaged loader (.jsonl/.json → json, .parquet, .csv, .txt → one document
     per file), a local folder or hub name by `datasets`' own rules. The fingerprint hashes the name, config, split,
     text column and the resolved data files (a hub file's address carries the repository revision; a local file
-    adds its size and mtime), so a cursor saved against other data is refused on resume.
+    counts by its path under the source, size and mtime), so a cursor saved against other data is refused on
+    resume.
 
     Raises:
         UserError: The dataset cannot be resolved (the message names the params key).
@@ -86,7 +87,7 @@ def open_source(key: str, source: HFSourceParams, cache_dir: str) -> OpenedSourc
     path = Path(source.dataset_name)
     kwargs: dict[str, Any] = {}
     if path.is_file():
-        suffix = "".join(path.suffixes[-1:]).lower()
+        suffix = path.suffix.lower()
         if suffix not in FORMATS:
             raise UserError(f"{key}.dataset_name: {path} has an unsupported suffix; use one of {', '.join(FORMATS)}")
         args, kwargs = (FORMATS[suffix],), {"data_files": {source.split: str(path)}}
@@ -105,9 +106,13 @@ def open_source(key: str, source: HFSourceParams, cache_dir: str) -> OpenedSourc
     files = [str(f) for f in (builder.config.data_files or {}).get(source.split, [])]
     digest = hashlib.sha256(json.dumps([source.dataset_name, source.dataset_config, source.split,
                                         source.text_column]).encode())
+    root = path if path.is_dir() else path.parent
     for f in sorted(files):
-        stat = os.stat(f) if os.path.exists(f) else None
-        digest.update(f"{f}\0{stat.st_size if stat else ''}\0{stat.st_mtime_ns if stat else ''}\n".encode())
+        if os.path.exists(f):  # a local file: where it sits under the source (the checkout may move), size, mtime
+            stat = os.stat(f)
+            digest.update(f"{os.path.relpath(f, root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        else:
+            digest.update(f"{f}\n".encode())
     return OpenedSource(key, source, dataset, dataset.num_shards, digest.hexdigest()[:16])
 
 
