@@ -143,11 +143,14 @@ def main() -> None:
         print(json.dumps(result))
     if len(results) >= 2:
         small, big = results[0], results[-1]
+        rss, first = big["peak_rss_mb"] / small["peak_rss_mb"], big["first_batch_s"] / small["first_batch_s"]
         print(f"peak RSS {big['size_mb']:.0f} MB vs {small['size_mb']:.0f} MB corpus: "
-              f"{big['peak_rss_mb']:.0f} / {small['peak_rss_mb']:.0f} MB = {big['peak_rss_mb'] / small['peak_rss_mb']:.3f}x")
-        print(f"time to first batch: {big['first_batch_s']:.2f} / {small['first_batch_s']:.2f} s = "
-              f"{big['first_batch_s'] / small['first_batch_s']:.2f}x")
+              f"{big['peak_rss_mb']:.0f} / {small['peak_rss_mb']:.0f} MB = {rss:.3f}x")
+        print(f"time to first batch: {big['first_batch_s']:.2f} / {small['first_batch_s']:.2f} s = {first:.2f}x")
         print(f"throughput: {small['mb_per_s']} and {big['mb_per_s']} MB/s")
+        print(f"{'PASS' if abs(rss - 1) <= 0.10 else 'FAIL'}: peak RSS within 10% across sizes")
+        print(f"{'PASS' if first <= 1.2 else 'FAIL'}: time to first batch within 1.2x")
+        print(f"{'PASS' if not any(r['cache_files'] for r in results) else 'FAIL'}: no files in the datasets cache")
 
 
 if __name__ == "__main__":
