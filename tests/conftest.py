@@ -34,10 +34,11 @@ ppo: {max_steps: 4, per_device_train_batch_size: 4, num_mini_batches: 2, num_ppo
       lr: 0.0001, logging_steps: 2, eval_steps: 4, save_steps: 2, max_eval_samples: 8, num_samples: 64,
       rewards: [{name: parsable_prefix, weight: 1.0}], generation: {max_new_tokens: 16}}
 # grpo: a random model's completions are only short enough to parse sometimes (and so get rewards that differ
-# within a group, the only source of gradient) when they are a few tokens long.
+# within a group, the only source of gradient) when they are a few tokens long; what parses in 3 tokens is mostly
+# `pass`-like, which only python_parses pays for.
 grpo: {max_steps: 4, per_device_train_batch_size: 4, per_device_eval_batch_size: 4, num_generations: 4, lr: 0.001,
        warmup_steps: 1, logging_steps: 1, eval_steps: 4, save_steps: 2, max_eval_samples: 2,
-       generation: {max_new_tokens: 3}}
+       generation: {max_new_tokens: 3}, rewards: [{name: python_parses, weight: 1.0}]}
 # Three of the six evaluate@ items: the matrix is one code path, and each item costs a DAG run ~20 s.
 eval: {models: [sft, dpo, ppo], limit: 8, batch_size: 8, max_length: 128}
 """

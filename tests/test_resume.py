@@ -189,15 +189,20 @@ def test_resume_rules(stagedir, tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_the_best_checkpoint_is_kept_besides_the_last(stagedir, tmp_path, monkeypatch):
     monkeypatch.chdir(stagedir)
-    root = tmp_path / "best"
-    _pretrain(root, max_steps=12, save_steps=2, eval_steps=2, save_total_limit=1, lr=0.5, warmup_steps=0,
-              lr_scheduler_type="constant")  # the loss rises
-    (run,) = _runs(root)
-    state = json.loads((run / "checkpoint-12" / "trainer_state.json").read_text())
+    # A constant, far too high lr makes the validation loss jump about; which lr leaves the best checkpoint
+    # before the last depends on the data, so the first that does is the run checked.
+    for lr in (0.5, 1.0, 0.3, 2.0):
+        root = tmp_path / f"best-{lr}"
+        _pretrain(root, max_steps=12, save_steps=2, eval_steps=2, save_total_limit=1, lr=lr, warmup_steps=0,
+                  lr_scheduler_type="constant")
+        (run,) = _runs(root)
+        state = json.loads((run / "checkpoint-12" / "trainer_state.json").read_text())
+        if Path(state["best_model_checkpoint"]).name != "checkpoint-12":
+            break
+    else:
+        pytest.fail(f"every lr left the best checkpoint last, which proves nothing: {state['log_history']}")
     kept = sorted(p.name for p in run.glob("checkpoint-*"))
-    assert state["best_model_checkpoint"] and Path(state["best_model_checkpoint"]).name in kept
-    assert kept == sorted({"checkpoint-12", Path(state["best_model_checkpoint"]).name})
-    assert len(kept) == 2, f"the best checkpoint is the last one here, which proves nothing: {state['log_history']}"
+    assert kept == sorted({"checkpoint-12", Path(state["best_model_checkpoint"]).name}), "best or last deleted"
 
 
 def test_newest_is_the_most_recently_finished_whole_checkpoint(tmp_path):
@@ -219,7 +224,10 @@ def test_ctrl_c_says_how_to_resume(stagedir, tmp_path):
     root = tmp_path / "interrupted"
     cmd = [sys.executable, "-m", "llmpipe.cli", "--task", "pretrain", "--output-dir", str(root), "--steps-per-epoch",
            "5000"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=stagedir, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # A shell that starts a job in the background (as CI runners and `make … &` do) ignores SIGINT in it, and
+    # Python installs no KeyboardInterrupt handler then: give the child a terminal's default disposition.
+    proc = subprocess.Popen(cmd, cwd=stagedir, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while not list(root.glob("checkpoints/pretrain/*/checkpoint-*/trainer_state.json")):
         assert proc.poll() is None and time.time() < deadline, "no checkpoint before the end"

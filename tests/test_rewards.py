@@ -23,7 +23,7 @@ UNUSED = "    return a"
     [
         (GOOD, {"python_parses": 1, "defines_function": 1, "uses_arguments": 1, "parsable_prefix": 1}),
         (HALF, {"python_parses": 0, "defines_function": 0, "uses_arguments": 0, "parsable_prefix": 0.5}),
-        (TRIVIAL, {"python_parses": 1, "defines_function": 0, "uses_arguments": 0, "parsable_prefix": 1}),
+        (TRIVIAL, {"python_parses": 1, "defines_function": 0, "uses_arguments": 0, "parsable_prefix": 0}),
         (UNUSED, {"python_parses": 1, "defines_function": 1, "uses_arguments": 1 / 3, "parsable_prefix": 1}),
         ("", {"python_parses": 1, "defines_function": 0, "uses_arguments": 0, "parsable_prefix": 0}),
     ],

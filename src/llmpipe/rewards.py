@@ -96,10 +96,12 @@ def uses_arguments(prompt: str, completion: str, name: str) -> float:
 
 def parsable_prefix(prompt: str, completion: str, name: str) -> float:
     """Graded: the largest share k/n of the completion's n non-blank lines such that the prompt plus its
-    first k lines parse (a whole valid body scores 1.0; an empty completion 0.0)."""
+    first k lines parse (a whole valid body scores 1.0; an empty completion 0.0). A body that parses but does
+    nothing (`pass`, `...`, a docstring: `is_trivial_completion`) scores 0.0: paid for it, GRPO on the default
+    data settled on `pass` for every prompt (greedy generation score 0.000, trivial 1.000)."""
     lines = completion.rstrip().split("\n")
     content = [i for i, line in enumerate(lines) if line.strip()]
-    if not content:
+    if not content or is_trivial_completion(prompt, completion, name):
         return 0.0
     for k in range(len(content), 0, -1):
         if _parse(_program(prompt, "\n".join(lines[: content[k - 1] + 1]))) is not None:
