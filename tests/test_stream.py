@@ -95,18 +95,25 @@ def test_the_cursor_resumes_token_for_token_twice_through_a_mixture(streamdir, m
     whole = _take(_stream(params, streamdir), 120)
 
     first = _stream(params, streamdir)
-    _take(first, 30)  # produced ahead of the cursor, as a DataLoader does
+    _take(first, 25)  # a step's batches, as the Trainer reads them
     cursor = json.loads(json.dumps(first.cursor_at(25)))  # through JSON, as the checkpoint stores it
     second = _stream(params, streamdir)
     second.resume(cursor, "test")
-    assert _take(second, 40) == whole[25:65]
+    assert _take(second, 35) == whole[25:60]
     third = _stream(params, streamdir)
     third.resume(json.loads(json.dumps(second.cursor_at(60))), "test")
     assert _take(third, 60) == whole[60:120]
+    assert third.filters.counts["num_tokens"] == _stream_tokens(params, streamdir, 120), "counts survive resumes"
 
     docs = _documents(params, streamdir, 0, 1, 200)
     share = sum(d.startswith("corpus") for d in docs) / len(docs)
     assert 0.65 < share < 0.85, f"weights 3:1 gave a {share:.2f} share"
+
+
+def _stream_tokens(params, root: Path, blocks: int) -> int:
+    stream = _stream(params, root)
+    _take(stream, blocks)
+    return stream.filters.counts["num_tokens"]
 
 
 def _documents(params, root: Path, rank: int, world: int, limit: int | None = None) -> list[str]:
@@ -177,10 +184,21 @@ def test_a_cursor_of_other_data_is_refused(streamdir, monkeypatch):
     stream = _stream(params, streamdir)
     _take(stream, 5)
     cursor = stream.cursor_at(5)
+    os.utime(streamdir / "corpus" / "part-01.jsonl")  # a touch (or a copy) is not other data
+    _stream(params, streamdir).resume(cursor, "checkpoint-5")
     shard = streamdir / "corpus" / "part-03.jsonl"
     shard.write_text(shard.read_text() + json.dumps({"text": "a new document"}) + "\n")
     with pytest.raises(UserError, match="saved while streaming other data"):
         _stream(params, streamdir).resume(cursor, "checkpoint-5")
+
+
+def test_a_shard_that_cannot_be_read_names_the_source_and_shard(streamdir, monkeypatch):
+    monkeypatch.chdir(streamdir)
+    (streamdir / "broken").mkdir()
+    (streamdir / "broken" / "part-0.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    stream = _stream(_params(streamdir, hf={"dataset_name": "broken"}), streamdir)
+    with pytest.raises(UserError, match=r"data.hf: 'broken' shard 1 of 1 .* cannot be read .*fix or remove that file"):
+        _take(stream, 1)
 
 
 # ---- end to end: llm-train --task stream_lm, killed and resumed ---------------------------------------------------

@@ -74,8 +74,8 @@ def open_source(key: str, source: HFSourceParams, cache_dir: str) -> OpenedSourc
     A local file is read by its format's packaged loader (.jsonl/.json → json, .parquet, .csv, .txt → one document
     per file), a local folder or hub name by `datasets`' own rules. The fingerprint hashes the name, config, split,
     text column and the resolved data files (a hub file's address carries the repository revision; a local file
-    counts by its path under the source, size and mtime), so a cursor saved against other data is refused on
-    resume.
+    counts by its path under the source, its size and its first and last 64 KiB — not its mtime, so a copy or a
+    `touch` still resumes), so a cursor saved against other data is refused on resume.
 
     Raises:
         UserError: The dataset cannot be resolved (the message names the params key).
@@ -108,12 +108,20 @@ def open_source(key: str, source: HFSourceParams, cache_dir: str) -> OpenedSourc
                                         source.text_column]).encode())
     root = path if path.is_dir() else path.parent
     for f in sorted(files):
-        if os.path.exists(f):  # a local file: where it sits under the source (the checkout may move), size, mtime
-            stat = os.stat(f)
-            digest.update(f"{os.path.relpath(f, root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        if os.path.exists(f):  # a local file: where it sits under the source (the checkout may move), its size
+            digest.update(f"{os.path.relpath(f, root)}\0{os.path.getsize(f)}\0".encode())
+            digest.update(_ends(f))
         else:
             digest.update(f"{f}\n".encode())
     return OpenedSource(key, source, dataset, dataset.num_shards, digest.hexdigest()[:16])
+
+
+def _ends(file: str, size: int = 65536) -> bytes:
+    """The first and last `size` bytes of `file` (the whole file when shorter than twice that)."""
+    with open(file, "rb") as fh:
+        head = fh.read(size)
+        fh.seek(max(fh.tell(), os.path.getsize(file) - size))
+        return head + fh.read()
 
 
 def _rng_state(rng: random.Random) -> list[Any]:
@@ -186,7 +194,14 @@ class DocumentStream:
                 if self.shard_state is not None:
                     shard.load_state_dict(self.shard_state)
                 self._shard, self._rows = shard, iter(shard)
-            row = next(self._rows, None)
+            try:
+                row = next(self._rows, None)
+            except Exception as err:  # noqa: BLE001 — a bad shard (not UTF-8, broken JSON, other columns)
+                raise UserError(
+                    f"{self.opened.key}: {self.opened.source.dataset_name!r} shard {self.order[self.pos] + 1} of "
+                    f"{self.opened.num_shards} (in the source's file order) cannot be read near document "
+                    f"{self.counter + 1}: {root_cause(err)}; fix or remove that file"
+                ) from None
             if row is None:
                 self.pos, self.shard_state, self._rows = self.pos + 1, None, None
                 continue
@@ -199,8 +214,9 @@ class DocumentStream:
                                 f"`{col}` (found: {', '.join(row)}); set it to the column holding the text")
             text = row[col]
             if not isinstance(text, str):
-                raise UserError(f"{self.opened.key}: `{col}` of document {index + 1} is {type(text).__name__}, "
-                                "not a string")
+                raise UserError(f"{self.opened.key}: `{col}` of document {index + 1} (shard {self.order[self.pos] + 1}) "
+                                f"is {type(text).__name__}, not a string; a file without that column, or with "
+                                "another type in it, is mixed into the source")
             if self.keep(text[: self.max_chars]):
                 self.admitted_this_epoch += 1
                 return text[: self.max_chars]
@@ -268,12 +284,12 @@ class Mixture:
 
 @dataclass(frozen=True)
 class _Snapshot:
-    """Where the stream stood right after block `blocks` was cut: the documents' state at the last refill, the
-    token chunk of that refill (never mutated) and the offset into it."""
+    """Where the stream stood right after block `blocks` was cut: the documents' state at the last refill (the
+    `refill`-th), the token chunk of that refill (never mutated) and the offset into it."""
 
     blocks: int
+    refill: int
     documents: dict[str, Any]
-    dedup: str | None
     counts: dict[str, int]
     chunk: np.ndarray
     offset: int
@@ -302,16 +318,20 @@ class PackedStream(torch.utils.data.IterableDataset):
         self.blocks = 0
         self._chunk, self._offset = np.zeros(0, dtype=np.int64), 0
         self._snapshots: deque[_Snapshot] = deque(maxlen=history)
+        self._refills = 0
         self._refill_state = self._capture()
 
-    def _capture(self) -> tuple[dict[str, Any], str | None, dict[str, int]]:
-        return self.documents.state(), self.filters.dedup_state(), dict(self.filters.counts)
+    def _capture(self) -> tuple[dict[str, Any], dict[str, int]]:
+        # The dedup index is not copied here (tens of MB, every 64 documents): documents are only read at a
+        # refill, so at a cursor taken before the next refill it is still as it was (`cursor_at`).
+        return self.documents.state(), dict(self.filters.counts)
 
     def _refill(self) -> None:
         new = pack_ids([self.documents.next_document() for _ in range(DOC_BATCH)], self.tokenizer)
         self._chunk, self._offset = np.concatenate([self._chunk[self._offset :], new]), 0
-        self._refill_state = self._capture()
         self.filters.counts["num_tokens"] += len(new)
+        self._refills += 1
+        self._refill_state = self._capture()
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         while True:
@@ -320,8 +340,8 @@ class PackedStream(torch.utils.data.IterableDataset):
             block = torch.from_numpy(self._chunk[self._offset : self._offset + self.block_size].copy())  # (T,)
             self._offset += self.block_size
             self.blocks += 1
-            docs, dedup, counts = self._refill_state
-            self._snapshots.append(_Snapshot(self.blocks, docs, dedup, counts, self._chunk, self._offset))
+            docs, counts = self._refill_state
+            self._snapshots.append(_Snapshot(self.blocks, self._refills, docs, counts, self._chunk, self._offset))
             yield {"input_ids": block, "labels": block}
 
     def cursor_at(self, blocks: int) -> dict[str, Any]:
@@ -329,22 +349,27 @@ class PackedStream(torch.utils.data.IterableDataset):
         ``blocks + 1`` next, token for token.
 
         Raises:
-            RuntimeError: No snapshot at `blocks` (more than `history` blocks were produced ahead of training).
+            RuntimeError: No snapshot at `blocks` (more than `history` blocks were produced ahead of training), or,
+                with a deduplicator, documents were read for blocks past `blocks` (the HF Trainer reads exactly a
+                step's batches, so at a step's end nothing is read ahead).
         """
         if blocks == 0 and self.blocks == 0:
-            docs, dedup, counts = self._refill_state
-            snap = _Snapshot(0, docs, dedup, counts, self._chunk, self._offset)
+            docs, counts = self._refill_state
+            snap = _Snapshot(0, self._refills, docs, counts, self._chunk, self._offset)
         else:
             snap = next((s for s in reversed(self._snapshots) if s.blocks == blocks), None)
             if snap is None:
                 raise RuntimeError(f"stream cursor: no snapshot at block {blocks} (produced {self.blocks})")
+        if self.filters.dedup is not None and snap.refill != self._refills:
+            raise RuntimeError(f"stream cursor: documents were read past block {blocks} (produced {self.blocks}); "
+                               "the dedup index is only known at the latest refill")
         return {
             "version": CURSOR_VERSION,
             "fingerprints": self.fingerprints,
             "block_size": self.block_size,
             "blocks": snap.blocks,
             "documents": snap.documents,
-            "dedup": snap.dedup,
+            "dedup": self.filters.dedup_state(),
             "counts": snap.counts,
             "tokens": snap.chunk[snap.offset :].tolist(),
         }
