@@ -283,6 +283,8 @@ def test_list_presets_prints_each_hub_address(capsys):
     ({"source": "hf", "hf": {"preset": "redpajama/arxiv"}}, "dataset script.*use preset 'slimpajama'"),
     ({"source": "mixture", "mixture": [{"preset": "c4"}]}, "data.source 'mixture' is read as a stream"),
     ({"streaming": True}, "data.streaming is true but data.source is 'stdlib'"),
+    ({"source": "hf", "streaming": True, "hf": {"preset": "c4", "max_documents": 9}},
+     "data.hf.max_documents is set but data.streaming is true"),
 ])
 def test_stream_params_errors_name_the_key(tmp_path, data, message):
     from llmpipe.config import ParamsError

@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llm-train: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"llm-train: interrupted; run the same command again to resume {args.task} from its newest checkpoint",
+        again = "the same command without --restart" if args.restart else "the same command"
+        print(f"llm-train: interrupted; run {again} again to resume {args.task} from its newest checkpoint",
               file=sys.stderr)  # fmt: skip
         return 130
 

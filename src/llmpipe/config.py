@@ -271,6 +271,13 @@ class DataParams(Section):
             for i, source in enumerate(self.mixture):
                 if source.dataset_name is None:
                     raise ValueError(f"data.mixture[{i}]: give dataset_name or preset")
+        capped = [k for k, src in [("data.hf", self.hf), *((f"data.mixture[{i}]", m) for i, m in enumerate(self.mixture))]
+                  if src.max_documents is not None]
+        if self.streaming and capped:
+            raise ValueError(
+                f"{capped[0]}.max_documents is set but data.streaming is true: a stream's length is pretrain.max_steps "
+                "(prepare's sample is data.stream.sample_documents); set it to null"
+            )
         if self.streaming and self.source not in ("hf", "mixture"):
             raise ValueError(
                 f"data.streaming is true but data.source is {self.source!r}: streaming reads data.hf or data.mixture "

@@ -516,4 +516,8 @@ def sample(data: DataParams, num_documents: int, cache_dir: str) -> list[dict[st
         if not any(s.epoch for s in streams):  # stop at the first source's end: one pass, no repeats
             source = mixture.last.opened.source
             out.append({"text": text, "source": f"{source.dataset_name}:{source.split}"})
+    if len(out) < num_documents:
+        ended = next(s.opened for s in streams if s.epoch)
+        log.warning("prepare's sample of the stream has %d documents, not data.stream.sample_documents=%d: %s "
+                    "(%s) ended first", len(out), num_documents, ended.key, ended.source.dataset_name)
     return out
