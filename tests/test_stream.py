@@ -317,3 +317,23 @@ def test_a_stream_needs_a_step_budget_and_stream_lm_needs_a_stream(tmp_path, mon
     (tmp_path / "params.yaml").write_text("{}\n")
     assert main(["--task", "stream_lm"]) == 2
     assert "--task stream_lm streams the pretraining text: set data.streaming: true" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_continued_run_with_seen_hashes_reads_what_one_longer_run_reads(streamdir, tmp_path, monkeypatch):
+    """Raising the step budget continues the run on the tokens of one longer run, although the first part wrote
+    `seen_hashes_path` (each pass restarts the index from the run's start, kept in the run folder)."""
+    from llmpipe import stages
+
+    monkeypatch.chdir(streamdir)
+
+    def pretrain(root: Path, max_steps: int, seen: Path) -> list[dict[str, str]]:
+        overrides = {"paths.output_root": str(root), "pretrain.max_steps": max_steps, "pretrain.save_steps": 10,
+                     "pretrain.eval_steps": 1000, "data.dedup.seen_hashes_path": str(seen)}
+        stages.runner("pretrain")(load_params("params.yaml", overrides))
+        return _ledger(root)
+
+    pretrain(tmp_path / "continued", 40, tmp_path / "seen-a.bin")  # ~1 pass of the corpus
+    continued = pretrain(tmp_path / "continued", 250, tmp_path / "seen-a.bin")  # passes more than once
+    assert len(continued) == 250
+    assert continued == pretrain(tmp_path / "straight", 250, tmp_path / "seen-b.bin")

@@ -44,7 +44,7 @@ def open_stream(params: Params, tokenizer, run: Run, scratch: str) -> streams.Pa
             sources.
     """
     rank, world = _rank_world()
-    dedup = _deduplicator(params)
+    dedup = _deduplicator(params, run, rank)
     stream = streams.build(params.data, tokenizer, params.pretrain.max_length, rank, world, scratch, dedup)
     if run.resume is not None:
         state = json.loads((run.resume / "trainer_state.json").read_text())
@@ -57,11 +57,27 @@ def open_stream(params: Params, tokenizer, run: Run, scratch: str) -> streams.Pa
     return stream
 
 
-def _deduplicator(params: Params):
-    """The stream's deduplicator with prepare's held-out documents as references, or None when dedup is off."""
+def _deduplicator(params: Params, run: Run, rank: int):
+    """The stream's deduplicator as the run started: prepare's held-out documents as references and what
+    `seen_hashes_path` held then; None when dedup is off.
+
+    The start state is kept in the run folder (``dedup-base-rank<r>.bin``): a run continued after it wrote
+    `seen_hashes_path` itself (a raised step budget) must restart each pass from the same index, not from one
+    holding its own documents.
+    """
+    from llmpipe.data.dedup import Deduplicator
+    from llmpipe.io import atomic_file
+
+    base = run.path / f"dedup-base-rank{rank}.bin"
+    if params.data.dedup.enabled and run.resume is not None and base.exists():
+        return Deduplicator.from_state(base.read_bytes(), params.data.dedup)
     held_out = (row["text"] for split in ("validation", "test")
                 for row in iter_jsonl(Path(params.paths.data, "pretrain", f"{split}.jsonl")))
-    return streams.deduplicator(params.data, held_out)
+    dedup = streams.deduplicator(params.data, held_out)
+    if dedup is not None:
+        with atomic_file(base, "wb") as fh:
+            fh.write(dedup.state())
+    return dedup
 
 
 def save_seen(params: Params, stream: streams.PackedStream) -> None:
