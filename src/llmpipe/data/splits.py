@@ -25,7 +25,10 @@ def unit_hash(seed: int, key: str) -> float:
 def split_of(seed: int, key: str, validation_fraction: float, test_fraction: float) -> str:
     """The split of `key` by its unit hash alone: test below `test_fraction`, validation below
     `test_fraction + validation_fraction`, else train (what a stream decides one document at a time)."""
-    u = unit_hash(seed, key)
+    return _split_at(unit_hash(seed, key), validation_fraction, test_fraction)
+
+
+def _split_at(u: float, validation_fraction: float, test_fraction: float) -> str:
     return "test" if u < test_fraction else "validation" if u < test_fraction + validation_fraction else "train"
 
 
@@ -56,7 +59,7 @@ def split_by_key(
         ``{"train": [...], "validation": [...], "test": [...]}``.
     """
     u = {k: unit_hash(seed, k) for k in dict.fromkeys(key(it) for it in items)}
-    where = {k: split_of(seed, k, validation_fraction, test_fraction) for k in u}
+    where = {k: _split_at(x, validation_fraction, test_fraction) for k, x in u.items()}  # one hash per key
     for split in ("test", "validation") if fill_empty else ():
         train_keys = [k for k, s in where.items() if s == "train"]
         if split not in where.values() and len(train_keys) > 1:
