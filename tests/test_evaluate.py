@@ -24,7 +24,7 @@ from llmpipe.config import ModelParams, parse_params
 from llmpipe.data.corrupt import CORRUPTIONS
 from llmpipe.errors import UserError
 from llmpipe.evaluation.harness import flatten
-from llmpipe.evaluation.hooks import generation_score, preference_accuracy
+from llmpipe.evaluation.hooks import distinct_share, generation_score, preference_accuracy
 from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks
 from llmpipe.io import write_jsonl
 from llmpipe.modeling import build_model, load_tokenizer, save_model
@@ -43,6 +43,7 @@ EXPECTED_KEYS = {
     "llmpipe_preference.acc", "llmpipe_preference.acc_norm",
     *(f"llmpipe_preference.{m}_{kind}" for m in ("acc", "acc_norm") for kind in ("swap", "truncate", "syntax")),
     "llmpipe_generation.score", "llmpipe_generation.parses", "llmpipe_generation.trivial",
+    "llmpipe_generation.distinct",
 }  # fmt: skip
 
 FUNCTIONS = [
@@ -205,9 +206,15 @@ def test_preference_hook_scores_summed_and_per_character_by_corruption():
 
 def test_generation_hook_scores_parse_definition_and_trivial_bodies():
     doc = {"prompt": 'def add(a, b):\n    """Sum."""', "name": "add"}
-    assert generation_score(doc, ["    return a + b"]) == {"score": 1.0, "parses": 1.0, "trivial": 0.0}
-    assert generation_score(doc, ["    pass"]) == {"score": 0.0, "parses": 1.0, "trivial": 1.0}
-    assert generation_score(doc, ["    return (a +"]) == {"score": 0.0, "parses": 0.0, "trivial": 0.0}
+
+    def scores(completion):
+        return {k: v for k, v in generation_score(doc, [completion]).items() if k != "distinct"}
+
+    assert scores("    return a + b") == {"score": 1.0, "parses": 1.0, "trivial": 0.0}
+    assert scores("    pass") == {"score": 0.0, "parses": 1.0, "trivial": 1.0}
+    assert scores("    return (a +") == {"score": 0.0, "parses": 0.0, "trivial": 0.0}
+    bodies = [generation_score(doc, [c])["distinct"] for c in ("    return a + b", "    return a + b\n", "    pass")]
+    assert distinct_share(bodies) == pytest.approx(2 / 3)
 
 
 @pytest.mark.parametrize("bad", ["llmpipe_perplexty", "no_such_task_anywhere"])
@@ -267,6 +274,7 @@ def test_lm_eval_command_runs_our_tasks_on_a_saved_model(tiny_root, tmp_path):
     assert results["llmpipe_perplexity"]["bits_per_byte,none"] > 0
     assert results["llmpipe_sft_chat"]["bits_per_byte,none"] > 0
     assert 0 <= results["llmpipe_generation"]["parses,none"] <= 1
+    assert 0 < results["llmpipe_generation"]["distinct,none"] <= 1  # our !function aggregation, imported there
 
 
 # --- report ------------------------------------------------------------------------------------------------
@@ -334,8 +342,10 @@ def test_report_failing_and_skipped(tmp_path):
 
 def test_report_rl_checks_and_drift_table(tmp_path):
     evals = {"sft": model_metrics(2.1, 1.0, 1.4, 0.55, 63.0), "grpo": model_metrics(2.1, 1.0, 1.4, 0.55, 60.0)}
-    evals["sft"] |= {"llmpipe_generation.score": 0.10, "llmpipe_generation.trivial": 0.01}
-    evals["grpo"] |= {"llmpipe_generation.score": 0.16, "llmpipe_generation.trivial": 0.02}
+    evals["sft"] |= {"llmpipe_generation.score": 0.10, "llmpipe_generation.trivial": 0.01,
+                     "llmpipe_generation.distinct": 0.9}
+    evals["grpo"] |= {"llmpipe_generation.score": 0.16, "llmpipe_generation.trivial": 0.02,
+                      "llmpipe_generation.distinct": 0.05}
     write_metrics(tmp_path, evals)
     metrics_dir = tmp_path / "metrics"
     (metrics_dir / "reward.json").write_text(json.dumps(
@@ -355,6 +365,8 @@ def test_report_rl_checks_and_drift_table(tmp_path):
              for name, needle in [("reward", "reward model ranks"), ("ppo", "ppo raises"), ("grpo", "grpo raises"),
                                   ("generation", "grpo's generated bodies")]}
     assert marks == {"reward": "✗", "ppo": "✓", "grpo": "✗", "generation": "✓"}
+    assert any("trivial bodies: sft 0.010 → grpo 0.020; distinct bodies: sft 0.900 → grpo 0.050" in line
+               for line in lines)
     assert "| ppo | 0.2 ± 0.03 | 0.325 ± 0.04 | 0.05 nats per response | 40 → 30 |" in lines
 
 

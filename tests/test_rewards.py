@@ -16,6 +16,7 @@ GOOD = "    return (a + b) * scale"
 HALF = "    s = a + b\n    return (s * scale"  # first line parses, second does not
 TRIVIAL = "    pass"
 UNUSED = "    return a"
+COMMENTED = "    # sum\n    # then scale\n" + HALF  # comment lines always parse: they earn nothing
 
 
 @pytest.mark.parametrize(
@@ -26,6 +27,8 @@ UNUSED = "    return a"
         (TRIVIAL, {"python_parses": 1, "defines_function": 0, "uses_arguments": 0, "parsable_prefix": 0}),
         (UNUSED, {"python_parses": 1, "defines_function": 1, "uses_arguments": 1 / 3, "parsable_prefix": 1}),
         ("", {"python_parses": 1, "defines_function": 0, "uses_arguments": 0, "parsable_prefix": 0}),
+        ("    # # # #", {"python_parses": 1, "defines_function": 0, "uses_arguments": 0, "parsable_prefix": 0}),
+        (COMMENTED, {"python_parses": 0, "defines_function": 0, "uses_arguments": 0, "parsable_prefix": 0.5}),
     ],
 )
 def test_each_reward(completion, expected):
@@ -42,6 +45,8 @@ def test_methods_and_qualified_names():
 def test_trivial_completion_is_flagged():
     assert is_trivial_completion(PROMPT, TRIVIAL, "add")
     assert is_trivial_completion(PROMPT, "    raise NotImplementedError()", "add")
+    assert is_trivial_completion(PROMPT, "    scale\n    a.real", "add")  # pointless expressions
+    assert not is_trivial_completion(PROMPT, "    print(a)", "add")
     assert not is_trivial_completion(PROMPT, GOOD, "add")
     assert not is_trivial_completion(PROMPT, HALF, "add")
 

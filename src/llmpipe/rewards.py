@@ -48,10 +48,12 @@ def _find_function(tree: ast.Module, name: str) -> ast.FunctionDef | ast.AsyncFu
 
 
 def _is_trivial(stmt: ast.stmt) -> bool:
-    """`pass`, `...`, a bare string, or `raise NotImplementedError`: a body that does nothing."""
+    """`pass`, a pointless expression (a constant such as `...` or a docstring, a bare name or attribute such
+    as ``self._path``: pylint's pointless-statement), or `raise NotImplementedError`: a statement that does
+    nothing."""
     if isinstance(stmt, ast.Pass):
         return True
-    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, (ast.Constant, ast.Name, ast.Attribute)):
         return True
     if isinstance(stmt, ast.Raise) and stmt.exc is not None:
         exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
@@ -75,7 +77,7 @@ def python_parses(prompt: str, completion: str, name: str) -> float:
 
 def defines_function(prompt: str, completion: str, name: str) -> float:
     """1.0 when the program parses and defines `name` with a body that is not trivial (only `pass`, `...`,
-    a string or `raise NotImplementedError`), else 0.0."""
+    a string, a bare name or attribute, or `raise NotImplementedError`), else 0.0."""
     return float(_defined(prompt, completion, name) is not None)
 
 
@@ -95,12 +97,14 @@ def uses_arguments(prompt: str, completion: str, name: str) -> float:
 
 
 def parsable_prefix(prompt: str, completion: str, name: str) -> float:
-    """Graded: the largest share k/n of the completion's n non-blank lines such that the prompt plus its
-    first k lines parse (a whole valid body scores 1.0; an empty completion 0.0). A body that parses but does
-    nothing (`pass`, `...`, a docstring: `is_trivial_completion`) scores 0.0: paid for it, GRPO on the default
-    data settled on `pass` for every prompt (greedy generation score 0.000, trivial 1.000)."""
+    """Graded: the largest share k/n of the completion's n code lines (neither blank nor only a comment) such
+    that the prompt plus its lines up to the k-th parse (a whole valid body scores 1.0; an empty completion
+    0.0). A body that parses but does nothing (`pass`, `...`, a docstring, only comments, a bare
+    ``self._path``: `is_trivial_completion`) scores 0.0: paid for `pass`, GRPO on the default data settled on
+    it for every prompt; paid for comment lines (which always parse), on lines of ``# # #``; and with both
+    closed, on a bare attribute."""
     lines = completion.rstrip().split("\n")
-    content = [i for i, line in enumerate(lines) if line.strip()]
+    content = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
     if not content or is_trivial_completion(prompt, completion, name):
         return 0.0
     for k in range(len(content), 0, -1):
@@ -119,7 +123,8 @@ REWARDS: dict[str, RewardFn] = {
 
 
 def is_trivial_completion(prompt: str, completion: str, name: str) -> bool:
-    """Whether the program parses but the function does nothing (`pass`, `...`): a reward-hacking check."""
+    """Whether the program parses but the function does nothing (every statement `pass`, a constant, a bare
+    name or attribute, or `raise NotImplementedError`): a reward-hacking check."""
     tree = _parse(_program(prompt, completion))
     fn = _find_function(tree, name) if tree is not None else None
     return fn is not None and all(_is_trivial(s) for s in fn.body)

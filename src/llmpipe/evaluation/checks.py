@@ -164,9 +164,10 @@ def grpo_vs_sft(evals: Metrics) -> Check:
         return _skipped(claim, metric, pair)
     ours, ref = pair
     detail = f"sft {ref:.3f} → grpo {ours:.3f} ({ours - ref:+.3f})"
-    trivial = _pair(evals, "llmpipe_generation.trivial", "grpo", "sft")
-    if not isinstance(trivial, str):
-        detail += f"; trivial bodies: sft {trivial[1]:.3f} → grpo {trivial[0]:.3f}"
+    for key, label in (("trivial", "trivial bodies"), ("distinct", "distinct bodies")):  # reward-hacking signs
+        shares = _pair(evals, f"llmpipe_generation.{key}", "grpo", "sft")
+        if not isinstance(shares, str):
+            detail += f"; {label}: sft {shares[1]:.3f} → grpo {shares[0]:.3f}"
     return Check(claim, metric, ours - ref, ours - ref >= GRPO_MIN_SCORE_GAIN - 1e-9, detail)
 
 

@@ -33,7 +33,8 @@ def generation_score(doc: dict[str, Any], results: list[str]) -> dict[str, float
 
     Returns:
         ``score``: 1.0 when prompt + completion parses and defines ``name`` with a non-trivial body;
-        ``parses``: 1.0 when it parses; ``trivial``: 1.0 when it parses but the body does nothing.
+        ``parses``: 1.0 when it parses; ``trivial``: 1.0 when it parses but the body does nothing;
+        ``distinct``: the completion without surrounding whitespace, for :func:`distinct_share`.
     """
     from llmpipe.rewards import defines_function, is_trivial_completion, python_parses
 
@@ -42,7 +43,14 @@ def generation_score(doc: dict[str, Any], results: list[str]) -> dict[str, float
         "score": defines_function(doc["prompt"], completion, doc["name"]),
         "parses": python_parses(doc["prompt"], completion, doc["name"]),
         "trivial": float(is_trivial_completion(doc["prompt"], completion, doc["name"])),
+        "distinct": completion.strip(),
     }
+
+
+def distinct_share(completions: list[str]) -> float:
+    """lm-eval aggregation: distinct completions / completions (1.0 when every prompt got its own body; 1/N
+    when a policy writes one body for all N prompts, the mode collapse a verifiable reward invites)."""
+    return len(set(completions)) / len(completions) if completions else 0.0
 
 
 def preference_accuracy(doc: dict[str, Any], results: list[tuple[float, bool]]) -> dict[str, float]:

@@ -29,13 +29,25 @@ from llmpipe.io import read_jsonl, write_jsonl
 Row = dict[str, Any]
 
 
+class FunctionRef(str):
+    """A dotted name written into a task YAML as ``!function <name>``, which lm-eval imports (hooks, aggregations)."""
+
+
+class _TaskDumper(yaml.SafeDumper):
+    pass
+
+
+_TaskDumper.add_representer(FunctionRef, lambda dumper, ref: dumper.represent_scalar("!function", str(ref)))
+
+
 @dataclass(frozen=True)
 class Metric:
     """One metric a task reports.
 
     Attributes:
         name: lm-eval metric name (the key in the results).
-        aggregation: lm-eval aggregation over documents (`mean`, `bits_per_byte`, `weighted_perplexity`).
+        aggregation: lm-eval aggregation over documents (`mean`, `bits_per_byte`, `weighted_perplexity`), or a
+            `FunctionRef` to one of :mod:`llmpipe.evaluation.hooks`.
         higher_is_better: Direction of improvement.
     """
 
@@ -213,8 +225,14 @@ LOCAL_TASKS: dict[str, LocalTask] = {
             "Given a held-out function's signature and docstring in the chat format, the model writes the body "
             "(greedy, up to eval.max_new_tokens): score is the share of signature + body that parses and defines "
             "the requested function with a non-trivial body; parses: share that parses; trivial: share whose "
-            "body does nothing (pass, ...), the reward-hacking check.",
-            (Metric("score", "mean", True), Metric("parses", "mean", True), Metric("trivial", "mean", False)),
+            "body does nothing (pass, ..., a bare name), and distinct: share of distinct bodies (a policy that "
+            "writes one body for every prompt scores near 0): the reward-hacking checks.",
+            (
+                Metric("score", "mean", True),
+                Metric("parses", "mean", True),
+                Metric("trivial", "mean", False),
+                Metric("distinct", FunctionRef("llmpipe.evaluation.hooks.distinct_share"), True),
+            ),
             render_generation,
             {"doc_to_text": "context", "doc_to_target": "name"},
             "llmpipe.evaluation.hooks.generation_score",
@@ -234,7 +252,8 @@ def task_config(task: LocalTask, data_file: Path, cache_dir: Path, generation: d
         generation: lm-eval ``generation_kwargs`` of a ``generate_until`` task (stop strings, max tokens).
 
     Returns:
-        YAML text; ``process_results`` is a ``!function`` reference lm-eval imports by dotted name.
+        YAML text; ``process_results`` and hook aggregations are ``!function`` references lm-eval imports by
+        dotted name.
     """
     config: dict[str, Any] = {
         "task": task.name,
@@ -252,10 +271,9 @@ def task_config(task: LocalTask, data_file: Path, cache_dir: Path, generation: d
     }
     if generation is not None:
         config["generation_kwargs"] = generation
-    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
     if task.process_results:
-        text += f"process_results: !function {task.process_results}\n"
-    return text
+        config["process_results"] = FunctionRef(task.process_results)
+    return yaml.dump(config, Dumper=_TaskDumper, sort_keys=False, allow_unicode=True)
 
 
 def render_documents(task: LocalTask, rows: Iterable[Row], tokenizer, source: Path) -> list[Row]:

@@ -171,7 +171,8 @@ def rl_section(stage_metrics: dict[str, dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     note = ("Reward hacking shows as reward up while the generation task's score stays flat, the share of trivial "
-            "bodies (llmpipe_generation.trivial) rises, or responses shrink or grow far from where they started.")
+            "bodies (llmpipe_generation.trivial) rises, the share of distinct bodies (llmpipe_generation.distinct) "
+            "falls (one body written for every prompt), or responses shrink or grow far from where they started.")
     return ["## RL stages", "", *table(header, rows), "", note, ""]
 
 
