@@ -1,0 +1,157 @@
+"""Reading params.yaml into :class:`Params`: the `train` merge, dotted overrides, and error messages that name
+the file, the key path or line, and the fix (:class:`ParamsError`)."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from llmpipe.config.params import Params
+from llmpipe.config.training import STAGE_SECTIONS
+from llmpipe.errors import UserError
+from llmpipe.io import decode_line
+
+
+class ParamsError(UserError):
+    """A mistake in params.yaml: the message names the file, the key path or line, and the fix."""
+
+
+def _suggest(key: str, model: type[BaseModel]) -> str:
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(model.model_fields)}"
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = Params
+    for part in loc:
+        field = model.model_fields.get(part) if model else None
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    return model
+
+
+def _format_errors(err: ValidationError, source: str, origin: dict[str, str]) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc)
+        if loc and loc[0] in origin and len(loc) > 1:
+            key = f"{origin[loc[0]].get(loc[1], loc[0])}.{'.'.join(str(p) for p in loc[1:])}"
+        if e["type"] == "extra_forbidden":
+            parent = _model_at(loc[:-1])
+            hint = _suggest(str(loc[-1]), parent) if parent else ""
+            lines.append(f"  {key}: unknown key{hint}")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            # a cross-field rule's input is its whole section (or file): its message names the values itself
+            got = f" (got {e.get('input')!r})" if loc and not isinstance(e.get("input"), dict) else ""
+            # a cross-field rule names its keys itself: no "model: model.num_key_value_heads …"
+            named = not key or (isinstance(e.get("input"), dict) and msg.startswith((f"{key}.", f"{key} ")))
+            lines.append(f"  {msg}" if named else f"  {key}: {msg}{got}")
+    return f"{source}: invalid params:\n" + "\n".join(dict.fromkeys(lines))
+
+
+def parse_params(raw: Any, source: str = "params.yaml") -> Params:
+    """Validate a raw params mapping, merging `train` defaults under each training stage.
+
+    Args:
+        raw: The mapping read from params.yaml.
+        source: File name used in error messages.
+
+    Returns:
+        The validated, frozen :class:`Params`.
+
+    Raises:
+        ParamsError: A key is unknown, a value has the wrong type or range, or a cross-field rule fails.
+            The message names each key path (e.g. ``sft.lrr``) and suggests the fix.
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{source}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    merged = dict(raw)
+    train = raw.get("train") or {}
+    origin: dict[str, dict[str, str]] = {}
+    if isinstance(train, dict):
+        for name in STAGE_SECTIONS:
+            own = raw.get(name) or {}
+            if not isinstance(own, dict):
+                continue
+            merged[name] = {**train, **own}
+            origin[name] = {k: ("train" if k not in own else name) for k in merged[name]}
+    try:
+        return Params.model_validate(merged)
+    except ValidationError as err:
+        raise ParamsError(_format_errors(err, source, origin)) from None
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``raw["a"]["b"] = value`` for ``key="a.b"``, creating mappings on the way."""
+    *parents, leaf = key.split(".")
+    node = raw
+    for part in parents:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ParamsError(f"cannot set {key}: {part} is not a section")
+        node = child
+    node[leaf] = value
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (plain PyYAML keeps the last silently,
+    so a second ``sft:`` section would replace the first whole)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice (first at line {seen[key]}); keep one", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Params:
+    """Read and validate params.yaml, with optional dotted-key overrides applied before validation.
+
+    Args:
+        path: The params file.
+        overrides: ``{"sft.lr": 1e-4, ...}``; validated exactly like values in the file.
+
+    Raises:
+        ParamsError: The file is missing, is not valid YAML (the message gives its line), or fails validation.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: no such params file; pass --config-path or run from the repository root") from None
+    except IsADirectoryError:
+        raise ParamsError(f"{path}: a folder, not a params file; pass --config-path PATH/params.yaml") from None
+    try:
+        text = "\n".join(decode_line(raw, path, n) for n, raw in enumerate(data.split(b"\n"), 1))
+    except ValueError as err:  # names the line, byte and column
+        raise ParamsError(str(err)) from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as err:
+        mark, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        if context is not None and getattr(err, "context", None) and (mark is None or context.line != mark.line):
+            # an unclosed bracket or quote is noticed lines later; say where it opened
+            problem += f" ({err.context} at line {context.line + 1}, column {context.column + 1})"
+        raise ParamsError(f"{path}:{where}: YAML syntax error: {problem}") from None
+    if isinstance(raw, dict):
+        for key, value in (overrides or {}).items():
+            set_dotted(raw, key, value)
+    return parse_params(raw, str(path))

@@ -1,0 +1,87 @@
+"""`Params`, the root model: every section of params.yaml, and the rules that cross sections."""
+
+from __future__ import annotations
+
+from pydantic import model_validator
+
+from llmpipe.config.data import DataParams, TokenizerParams
+from llmpipe.config.paths import PathsParams
+from llmpipe.config.rl import GRPOParams, PPOParams
+from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams
+from llmpipe.config.training import (
+    STAGE_SECTIONS,
+    DPOParams,
+    ModelParams,
+    PretrainParams,
+    RewardParams,
+    SFTParams,
+    TrainParams,
+)
+from llmpipe.distributed.params import DistributedParams
+from llmpipe.section import Section
+
+
+class Params(Section):
+    """The whole of params.yaml."""
+
+    paths: PathsParams = PathsParams()
+    data: DataParams = DataParams()
+    tokenizer: TokenizerParams = TokenizerParams()
+    model: ModelParams = ModelParams()
+    train: TrainParams = TrainParams()
+    pretrain: PretrainParams = PretrainParams()
+    sft: SFTParams = SFTParams()
+    reward: RewardParams = RewardParams()
+    dpo: DPOParams = DPOParams()
+    ppo: PPOParams = PPOParams()
+    grpo: GRPOParams = GRPOParams()
+    distributed: DistributedParams = DistributedParams()
+    profile: ProfileParams = ProfileParams()
+    regression: RegressionParams = RegressionParams()
+    eval: EvalParams = EvalParams()
+    orchestration: OrchestrationParams = OrchestrationParams()
+
+    @model_validator(mode="after")
+    def _warmup_within_max_steps(self) -> Params:
+        # Here rather than in TrainParams: a section does not know its own name, and the message must say which.
+        for name in ("train", *STAGE_SECTIONS):
+            t = self.stage(name)
+            if t.max_steps > 0 and t.warmup_steps > t.max_steps:
+                raise ValueError(
+                    f"{name}.warmup_steps ({t.warmup_steps}) exceeds {name}.max_steps ({t.max_steps}), so the "
+                    f"learning rate would never reach {name}.lr; lower {name}.warmup_steps or raise {name}.max_steps"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _stream_has_budget(self) -> Params:
+        if self.data.streaming and self.pretrain.resolved_max_steps <= 0:
+            raise ValueError(
+                "data.streaming is true, and a stream has no length: set pretrain.max_steps, or "
+                "pretrain.steps_per_epoch (with pretrain.num_train_epochs)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _grpo_fits(self) -> Params:
+        g, processes = self.grpo, self.distributed.world_size
+        if processes is None:  # num_processes: auto; the launcher knows the world size, GRPOConfig checks it then
+            return self
+        generation_batch = g.per_device_train_batch_size * processes * g.resolved_steps_per_generation
+        if generation_batch % g.num_generations:
+            raise ValueError(
+                f"grpo: one generation round holds grpo.per_device_train_batch_size ({g.per_device_train_batch_size})"
+                f" × world size ({processes}) × grpo.steps_per_generation (default: "
+                f"gradient_accumulation_steps) = {generation_batch} completions, not a multiple of grpo.num_generations ({g.num_generations}): "
+                "every prompt's group must fit in one round"
+            )
+        if (g.per_device_eval_batch_size * processes) % g.num_generations:
+            raise ValueError(
+                f"grpo.per_device_eval_batch_size ({g.per_device_eval_batch_size}) × world size "
+                f"({processes}) must be a multiple of grpo.num_generations ({g.num_generations})"
+            )
+        return self
+
+    def stage(self, name: str) -> TrainParams:
+        """The merged training params of stage `name` (one of :data:`STAGE_SECTIONS`, or ``train`` itself)."""
+        return getattr(self, name)

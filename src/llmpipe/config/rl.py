@@ -1,0 +1,175 @@
+"""Sections of the reinforcement-learning stages `ppo` and `grpo`: their `TrainParams` plus sampling
+(`GenerationParams`) and the named reward functions they are scored with (`RewardSpec`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from llmpipe.config.training import TrainParams
+from llmpipe.section import Section
+
+
+class GenerationParams(Section):
+    """Sampling of completions by the RL stages (ppo, grpo): `transformers.GenerationConfig` names."""
+
+    max_new_tokens: int = Field(64, gt=0, description="Tokens generated per completion at most.")
+    temperature: float = Field(1.0, gt=0, description="Softmax temperature of sampling.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
+    top_k: int = Field(0, ge=0, description="Sample among the k most likely tokens (0 = off).")
+    min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens below min_p × the top probability.")
+    repetition_penalty: float = Field(1.0, gt=0, description="CTRL repetition penalty (1 = off).")
+    suppress_tokens: list[int] = Field([], description="Token ids never generated.")
+
+
+RewardName = Literal["python_parses", "defines_function", "uses_arguments", "parsable_prefix"]
+"""The keys of `llmpipe.rewards.REWARDS` (a test keeps the two equal). Spelled out here rather than imported,
+so that validating params does not import the reward code and editing it reruns only the stages that use it."""
+
+
+class RewardSpec(Section):
+    """One named reward function of `llmpipe.rewards.REWARDS` and its weight in the summed reward."""
+
+    name: RewardName = Field(description="A reward function of llmpipe.rewards.REWARDS.")
+    weight: float = Field(1.0, description="Multiplier of this reward in the sum.")
+
+
+class PPOParams(TrainParams):
+    """`ppo`: PPO of models/<policy> against a reward model and/or reward functions (llmpipe.rl.ppo, on Accelerate).
+
+    Batches (TRL's PPOTrainer semantics): a micro-batch is `per_device_train_batch_size` sequences and a
+    mini-batch (one optimizer step) `gradient_accumulation_steps` micro-batches. Each PPO step samples one
+    completion for each of `num_mini_batches` mini-batches of prompts (the rollout batch), then makes
+    `num_ppo_epochs` passes over it, each pass `num_mini_batches` optimizer steps. `max_steps` (or
+    `num_train_epochs` over the prompts), `warmup_steps`, `logging_steps`, `eval_steps` and `save_steps` count PPO
+    steps; `max_length` caps prompt + completion in tokens (longer prompts are skipped); `num_samples` caps
+    the training prompts; `max_eval_samples` validation prompts are scored every `eval_steps`.
+    """
+
+    policy: Literal["sft", "dpo"] = Field("sft", description="Policy and frozen reference start from models/<policy>.")
+    num_ppo_epochs: int = Field(4, gt=0, description="Passes over each rollout batch.")
+    num_mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass over a rollout batch.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount per generated token.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    cliprange: float = Field(0.2, gt=0, description="Policy ratio clip range.")
+    cliprange_value: float = Field(0.2, gt=0, description="How far a value prediction may move per rollout.")
+    vf_coef: float = Field(0.1, ge=0, description="Weight of the value loss.")
+    kl_coef: float = Field(0.05, ge=0, description="Weight of the per-token KL-to-reference penalty in the reward.")
+    kl_estimator: Literal["k1", "k3"] = Field("k1", description="Per-token KL estimator (Schulman 2020).")
+    normalize_rewards: bool = Field(True, description="Standardise sequence scores before use.")
+    normalize_method: Literal["running", "batch"] = Field(
+        "running", description="Standardise with running (checkpointed) or per-batch mean/std."
+    )
+    whiten_rewards: bool = Field(False, description="Rescale per-token rewards to unit variance (mean kept).")
+    whiten_advantages: bool = Field(True, description="Standardise advantages over each rollout batch.")
+    reward_clip: float | None = Field(None, gt=0, description="Clip scores to ±reward_clip after normalising; null = off.")
+    missing_eos_penalty: float = Field(0.0, ge=0, description="Subtracted from the score of completions without eos.")
+    ptx_coef: float = Field(0.0, ge=0, description="Weight of an LM loss on data/tokens/train blocks (PPO-ptx); 0 = off.")
+    reward_model: bool = Field(True, description="Score completions with models/reward (last token of prompt+completion).")
+    rewards: list[RewardSpec] = Field([], description="Reward functions added to the score, by name and weight.")
+    generation: GenerationParams = GenerationParams()
+
+    @model_validator(mode="after")
+    def _rewarded_and_fits(self) -> PPOParams:
+        if not self.reward_model and not self.rewards:
+            raise ValueError("ppo has no reward: set ppo.reward_model to true or list ppo.rewards")
+        if self.generation.max_new_tokens >= self.max_length:
+            raise ValueError(
+                f"ppo.generation.max_new_tokens ({self.generation.max_new_tokens}) leaves no room for a prompt in "
+                f"ppo.max_length ({self.max_length}); raise max_length or lower max_new_tokens"
+            )
+        return self
+
+
+GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
+"""The `GRPOConfig.loss_type` values TRL 1.16 accepts (a test builds a GRPOConfig with each)."""
+
+
+class GRPOParams(TrainParams):
+    """`grpo`: TRL GRPOTrainer from models/sft (or models/dpo) against the verifiable rewards of `llmpipe.rewards`.
+
+    Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath): `num_generations` completions per
+    prompt, each one's advantage its reward minus the group mean (divided by a std, see `scale_rewards`), a
+    clipped PPO-style ratio objective, and a `beta`-weighted KL to the frozen starting policy. The loss
+    types differ in how token terms are weighted and normalised:
+
+    - ``grpo``: per-sequence mean, then batch mean (Shao et al. 2024); biased towards short right answers.
+    - ``dr_grpo``: sum over tokens / a constant (max completion length) — "Understanding R1-Zero-Like
+      Training: A Critical Perspective" (Liu et al. 2025).
+    - ``dapo``: sum over tokens / active tokens of the accumulated batch — "DAPO: An Open-Source LLM
+      Reinforcement Learning System at Scale" (Yu et al. 2025); TRL's default.
+    - ``bnpo``: as dapo over the local batch only — "BNPO: Beta Normalization Policy Optimization" (2025).
+    - ``cispo``: clips the importance weight itself (upper bound `epsilon_high`) and keeps every token's
+      gradient — MiniMax-M1 (MiniMax 2025).
+    - ``sapo``: a smooth sigmoid gate instead of hard clipping, temperatures `sapo_temperature_pos/neg` —
+      "Soft Adaptive Policy Optimization" (arXiv 2511.20347).
+    - ``luspo``: sequence-level loss scaled by each sequence's length; needs
+      ``importance_sampling_level: sequence`` — "Length-Unbiased Sequence Policy Optimization" (arXiv 2602.05261).
+    - ``vespo``: a Gamma-shaped weight of the sequence importance ratio (`vespo_k_*`, `vespo_lambda_*`) —
+      "VESPO: Variational Sequence-Level Soft Policy Optimization" (arXiv 2602.10693).
+
+    Sequence-level importance sampling is GSPO ("Group Sequence Policy Optimization", Zheng et al. 2025).
+    Prompts longer than `max_length` tokens (chat-rendered) are left out.
+    """
+
+    policy: Literal["sft", "dpo"] = Field("sft", description="Starting (and reference) policy: models/<policy>.")
+    num_generations: int = Field(8, ge=2, description="Completions sampled per prompt (the group size G).")
+    loss_type: GRPOLossType = Field("dapo", description="How token losses are weighted and normalised (see above).")
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token", description="Importance ratio per token, or one per sequence (GSPO)."
+    )
+    beta: float = Field(0.04, ge=0, description="Weight of the KL to the reference policy; 0 loads no reference.")
+    epsilon: float = Field(0.2, gt=0, description="Lower clipping range of the importance ratio (1 - epsilon).")
+    epsilon_high: float | None = Field(
+        None, gt=0, description="Upper clipping range (1 + epsilon_high; cispo: the weight cap); null = epsilon."
+    )
+    sapo_temperature_pos: float = Field(1.0, gt=0, description="sapo: gate temperature for positive advantages.")
+    sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo: gate temperature for non-positive advantages.")
+    vespo_k_pos: float = Field(2.0, gt=0, description="vespo: power exponent for positive advantages.")
+    vespo_lambda_pos: float = Field(3.0, gt=0, description="vespo: decay factor for positive advantages.")
+    vespo_k_neg: float = Field(3.0, gt=0, description="vespo: power exponent for negative advantages.")
+    vespo_lambda_neg: float = Field(2.0, gt=0, description="vespo: decay factor for negative advantages.")
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="Divide advantages by the group's reward std, the batch's, or not at all (Dr. GRPO)."
+    )
+    num_iterations: int = Field(1, ge=1, description="Optimisation passes over each generated batch (mu).")
+    steps_per_generation: int | None = Field(
+        None, ge=1, description="Micro-steps fed by one generation round; null = gradient_accumulation_steps."
+    )
+    mask_truncated_completions: bool = Field(
+        False, description="Leave completions cut at max_new_tokens out of the loss (DAPO)."
+    )
+    rewards: list[RewardSpec] = Field(
+        [
+            RewardSpec(name="parsable_prefix", weight=1.0),
+            RewardSpec(name="defines_function", weight=2.0),
+            RewardSpec(name="uses_arguments", weight=0.5),
+        ],
+        min_length=1,
+        description="Reward functions of llmpipe.rewards and their weights; the reward is the weighted sum.",
+    )
+    generation: GenerationParams = GenerationParams()
+
+    @property
+    def resolved_steps_per_generation(self) -> int:
+        """`steps_per_generation`, or TRL's default for it: `gradient_accumulation_steps`."""
+        return self.steps_per_generation or self.gradient_accumulation_steps
+
+    @model_validator(mode="after")
+    def _checkpoints_between_generations(self) -> GRPOParams:
+        steps_per_generation = self.resolved_steps_per_generation
+        cycle = steps_per_generation * self.num_iterations
+        if (self.save_steps * self.gradient_accumulation_steps) % cycle:
+            raise ValueError(
+                f"grpo.save_steps ({self.save_steps}) × grpo.gradient_accumulation_steps "
+                f"({self.gradient_accumulation_steps}) micro-steps must be a multiple of grpo.steps_per_generation "
+                f"({steps_per_generation}) × grpo.num_iterations ({self.num_iterations}) = {cycle}: GRPOTrainer "
+                "does not checkpoint its buffer of generated completions, so a checkpoint must fall between "
+                "generation rounds; change grpo.save_steps"
+            )
+        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
+            raise ValueError(
+                "grpo.loss_type luspo is a sequence-level loss: set grpo.importance_sampling_level to sequence"
+            )
+        return self

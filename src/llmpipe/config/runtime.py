@@ -1,0 +1,92 @@
+"""Sections around the training stages rather than of them: `profile` (torch.profiler over training steps),
+`regression` (a hand-run hardware smoke test), `eval` (the `evaluate` and `report` stages) and
+`orchestration` (the Prefect flow)."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, model_validator
+
+from llmpipe.section import Section
+
+
+class ProfileParams(Section):
+    """`torch.profiler` over a few optimizer steps of every training stage (llmpipe.profiling).
+
+    Schedule: skip `wait` steps, trace `warmup` steps and discard them, record `active` steps; then
+    ``logs/<stage>/profile/`` gets ``trace.json`` (Chrome trace) and ``ops.txt`` (top operators by self time).
+    A profiled run is a run of its own (its checkpoint fingerprint differs), so it trains from step 0.
+    """
+
+    enabled: bool = Field(False, description="Profile the training stages.")
+    wait: int = Field(1, ge=0, description="Optimizer steps skipped before tracing.")
+    warmup: int = Field(1, ge=0, description="Optimizer steps traced and discarded (profiler start-up).")
+    active: int = Field(3, gt=0, description="Optimizer steps recorded.")
+
+
+class RegressionParams(Section):
+    """`regression`: a hand-run hardware smoke test (not a DVC stage): a small MLP fitted to y = Xw + noise with
+    plain Accelerate, in one process or under `accelerate launch`.
+
+    Every rank draws the same data from `seed`; the batches are split across ranks (DDP).
+    """
+
+    num_samples: int = Field(4096, gt=0, description="Rows of X.")
+    num_features: int = Field(16, gt=0, description="Columns of X.")
+    hidden_size: int = Field(64, gt=0, description="Width of the MLP's hidden layer.")
+    noise_std: float = Field(0.5, gt=0, description="Std of the Gaussian noise on y; the loss floor is its square.")
+    max_steps: int = Field(300, gt=0, description="Optimizer steps.")
+    lr: float = Field(0.01, gt=0, description="Adam learning rate.")
+    per_device_batch_size: int = Field(64, gt=0, description="Rows per device per step.")
+    seed: int = Field(0, description="Seed of the data, the weights and the batch order.")
+
+
+EVAL_TASKS = (
+    "llmpipe_perplexity",
+    "llmpipe_signature_mc",
+    "llmpipe_sft_chat",
+    "llmpipe_sft_plain",
+    "llmpipe_preference",
+    "llmpipe_generation",
+)
+
+
+class EvalParams(Section):
+    """`evaluate`: lm-evaluation-harness on each model in `models`, and the `report`."""
+
+    models: list[str] = Field(
+        ["baseline", "pretrain", "sft", "dpo"], min_length=1, description="Model dirs under paths.models to evaluate."
+    )
+    tasks: list[str] = Field(list(EVAL_TASKS), min_length=1, description="llmpipe tasks and/or standard lm-eval tasks.")
+    limit: int | None = Field(200, gt=0, description="Documents per task (None = all).")
+    batch_size: int = Field(16, gt=0, description="lm-eval batch size.")
+    max_length: int = Field(512, gt=0, description="Context window in tokens for scoring.")
+    max_new_tokens: int = Field(128, gt=0, description="Tokens the generation task may generate (greedy).")
+
+
+_CRON_FIELD = re.compile(r"^[0-9A-Za-z*,/?-]+$")
+
+
+class OrchestrationParams(Section):
+    """The Prefect flow `full-pipeline` (flows/full_pipeline.py): retries of a failed stage, optional schedule.
+
+    No DVC stage reads this section, so changing it reruns nothing.
+    """
+
+    retries: int = Field(2, ge=0, description="Retries of a failed stage (a training stage resumes its checkpoint).")
+    retry_delay_s: float = Field(10.0, ge=0, description="Seconds between a stage failing and its retry.")
+    cron: str | None = Field(
+        None, description="Schedule of the served deployment as a 5-field cron string, e.g. '0 3 * * *'; null = none."
+    )
+
+    @model_validator(mode="after")
+    def _cron_has_five_fields(self) -> OrchestrationParams:
+        if self.cron is not None:
+            fields = self.cron.split()
+            if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
+                raise ValueError(
+                    f"orchestration.cron {self.cron!r} is not a 5-field cron string "
+                    "(minute hour day-of-month month day-of-week, e.g. '0 3 * * *'); use null for no schedule"
+                )
+        return self

@@ -1,0 +1,164 @@
+"""Sections of the supervised training stages: `model` (the architecture), the `train` defaults, and
+`pretrain`, `sft`, `reward` and `dpo`, each a `TrainParams` with its own keys."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from llmpipe.section import Section
+
+STAGE_SECTIONS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
+"""Training stages whose sections inherit the ``train`` defaults."""
+
+BUDGET_KEYS = frozenset({"max_steps", "num_train_epochs", "steps_per_epoch"})
+"""Train keys that only set how long a run lasts: raising them continues the same run."""
+
+
+class ModelParams(Section):
+    """Architecture of the model `pretrain` builds (transformers `LlamaConfig` names)."""
+
+    arch: Literal["llama"] = Field("llama", description="Model family.")
+    hidden_size: int = Field(256, gt=0, description="Width of the residual stream.")
+    num_hidden_layers: int = Field(4, gt=0, description="Number of decoder layers.")
+    num_attention_heads: int = Field(8, gt=0, description="Query heads.")
+    num_key_value_heads: int = Field(4, gt=0, description="Key/value heads (GQA when fewer than query heads).")
+    intermediate_size: int = Field(688, gt=0, description="SwiGLU hidden width.")
+    max_position_embeddings: int = Field(512, gt=0, description="Longest sequence in tokens (RoPE).")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base.")
+    rms_norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
+    initializer_range: float = Field(0.02, gt=0, description="Std of the normal weight init.")
+    tie_word_embeddings: bool = Field(True, description="Share input embedding and LM head.")
+    init_seed: int = Field(0, description="Seed of the random weight init (pretrain and the baseline start from it).")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelParams:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"model.num_attention_heads ({self.num_attention_heads}) must divide model.hidden_size "
+                f"({self.hidden_size})"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"model.num_key_value_heads ({self.num_key_value_heads}) must divide model.num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        return self
+
+
+class TrainParams(Section):
+    """Training defaults every training stage inherits (HF `TrainingArguments` names, except `lr`)."""
+
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate (TrainingArguments.learning_rate).")
+    per_device_train_batch_size: int = Field(16, gt=0, description="Sequences per device per micro-step.")
+    per_device_eval_batch_size: int = Field(16, gt=0, description="Sequences per device at evaluation.")
+    gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-steps per optimizer step.")
+    max_steps: int = Field(-1, ge=-1, description="Optimizer steps; -1 = run num_train_epochs.")
+    num_train_epochs: float = Field(1.0, gt=0, description="Epochs when max_steps is -1.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup, in optimizer steps.")
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"] = Field(
+        "cosine", description="Schedule after warmup."
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2.")
+    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables.")
+    optim: Literal["adamw_torch", "adamw_torch_fused", "sgd", "adafactor"] = Field("adamw_torch", description="Optimizer.")
+    seed: int = Field(42, description="Seed of model init, data order and dropout.")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="Mixed precision; auto = bf16 where the device supports it, else fp32."
+    )
+    max_length: int = Field(256, gt=0, description="Sequence length in tokens (pretrain block size; SFT/DPO cap).")
+    logging_steps: int = Field(10, gt=0, description="Optimizer steps between log lines.")
+    eval_steps: int = Field(100, gt=0, description="Optimizer steps between validation passes.")
+    save_steps: int = Field(100, gt=0, description="Optimizer steps between checkpoints.")
+    save_total_limit: int = Field(2, gt=0, description="Checkpoints kept per run.")
+    max_eval_samples: int = Field(256, gt=0, description="Validation examples used at each evaluation.")
+    num_samples: int | None = Field(None, gt=0, description="Train on at most this many examples (None = all).")
+    dataloader_num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+
+    @property
+    def resolved_max_steps(self) -> int:
+        """The optimizer-step budget handed to the trainer: `max_steps` (-1 = run `num_train_epochs`)."""
+        return self.max_steps
+
+
+class PretrainParams(TrainParams):
+    """`pretrain`: causal-LM training on packed blocks of `max_length` tokens (documents joined by eos)."""
+
+    steps_per_epoch: int | None = Field(
+        None,
+        gt=0,
+        description="Optimizer steps in one epoch of a stream (data.streaming), which has no length: with max_steps "
+        "-1 the run takes steps_per_epoch × num_train_epochs steps.",
+    )
+
+    @property
+    def resolved_max_steps(self) -> int:
+        """`max_steps`, or ``ceil(steps_per_epoch × num_train_epochs)`` when it is -1 and `steps_per_epoch` is set."""
+        if self.max_steps > 0 or self.steps_per_epoch is None:
+            return self.max_steps
+        return math.ceil(self.steps_per_epoch * self.num_train_epochs)
+
+
+class SFTParams(TrainParams):
+    """`sft`: TRL SFTTrainer on chat `messages` from models/pretrain."""
+
+    assistant_only_loss: bool = Field(True, description="Loss on assistant tokens only ({% generation %} mask).")
+    packing: bool = Field(False, description="Pack several conversations into one sequence.")
+
+
+class RewardParams(TrainParams):
+    """`reward`: TRL RewardTrainer from models/sft on preference pairs → a scalar reward model.
+
+    The pairwise (Bradley-Terry) loss ``-log σ(r(x, y_chosen) - r(x, y_rejected) - margin)`` of Ouyang et al.
+    2022 (InstructGPT), on a new one-output score head over the SFT model's last token. Pairs longer than
+    `max_length` tokens are left out of training (TRL filters them).
+    """
+
+    center_rewards_coefficient: float | None = Field(
+        None,
+        ge=0,
+        description="Weight of the mean-zero penalty E[(r_chosen + r_rejected)^2] (Eisenstein et al. 2023); null: off.",
+    )
+
+
+DPOLossType = Literal[
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+]
+
+
+class DPOParams(TrainParams):
+    """`dpo`: TRL DPOTrainer from models/sft, the SFT model as frozen reference (Rafailov et al. 2023)."""
+
+    beta: float = Field(0.1, gt=0, description="Strength of the KL regularisation towards the reference model.")
+    loss_type: list[DPOLossType] = Field(
+        ["sigmoid"], min_length=1, description="TRL DPO loss types; [sigmoid, sft] is DPO + NLL (RPO)."
+    )
+    loss_weights: list[float] | None = Field(None, description="One weight per loss_type entry (None = all 1).")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Conservative-DPO label noise (sigmoid loss).")
+
+    @model_validator(mode="after")
+    def _weights_match(self) -> DPOParams:
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            raise ValueError(
+                f"dpo.loss_weights has {len(self.loss_weights)} entries but dpo.loss_type has "
+                f"{len(self.loss_type)}: give one weight per loss type"
+            )
+        return self
