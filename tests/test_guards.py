@@ -261,14 +261,15 @@ def test_ppo_stops_at_a_nan_loss_before_its_update_and_its_checkpoint(in_root, t
     backward pass, leave the policy as it was and write no checkpoint-3."""
     from torch.utils.tensorboard import SummaryWriter
 
+    from llmpipe.rl.prompts import load_prompts
     from llmpipe.stages import ppo
 
     params = make_params(tmp_path, ppo={
         "max_steps": 3, "save_steps": 1, "eval_steps": 100, "num_ppo_epochs": 1, "max_eval_samples": 2,
         "reward_model": False, "rewards": [{"name": "parsable_prefix"}], "generation": {"max_new_tokens": 4}})
     tok = load_tokenizer("artifacts/tokenizer")
-    train = ppo.load_prompts(Path("data/sft/train.jsonl"), tok, 60, None)
-    valid = ppo.load_prompts(Path("data/sft/validation.jsonl"), tok, 60, 2)
+    train = load_prompts(Path("data/sft/train.jsonl"), tok, 60, None)
+    valid = load_prompts(Path("data/sft/validation.jsonl"), tok, 60, 2)
     run_dir = tmp_path / "run"
     run, _ = ppo._build(params, tok, train, valid, None, run_dir)
     state = {"step": 0, "history": [], "log_history": []}

@@ -32,8 +32,8 @@ from llmpipe.rl.ppo import (
     value_loss,
     whiten,
 )
+from llmpipe.rl.prompts import IndexStream
 from llmpipe.stages import ppo, prepare, tokenize, tokenizer
-from llmpipe.stages.ppo import IndexStream
 
 
 def close(actual, expected, tol=1e-5):
