@@ -268,8 +268,8 @@ def test_ppo_stops_at_a_nan_loss_before_its_update_and_its_checkpoint(in_root, t
         "max_steps": 3, "save_steps": 1, "eval_steps": 100, "num_ppo_epochs": 1, "max_eval_samples": 2,
         "reward_model": False, "rewards": [{"name": "parsable_prefix"}], "generation": {"max_new_tokens": 4}})
     tok = load_tokenizer("artifacts/tokenizer")
-    train = load_prompts(Path("data/sft/train.jsonl"), tok, 60, None)
-    valid = load_prompts(Path("data/sft/validation.jsonl"), tok, 60, 2)
+    train = load_prompts(Path("data/sft/train.jsonl"), tok, 60, None, "ppo.max_length")
+    valid = load_prompts(Path("data/sft/validation.jsonl"), tok, 60, 2, "ppo.max_length")
     run_dir = tmp_path / "run"
     run, _ = ppo._build(params, tok, train, valid, None, run_dir)
     state = {"step": 0, "history": [], "log_history": []}

@@ -187,6 +187,28 @@ def test_resume_rules(stagedir, tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
+def test_a_code_change_trains_anew_unless_a_checkpoint_is_named(stagedir, tmp_path, monkeypatch, capsys):
+    """DVC reruns a stage when its code changed: the finished run of the old code must not be saved again as the
+    new model. Naming its checkpoint still resumes it (a fix to llmpipe after a crash), with a warning."""
+    from llmpipe import checkpoints
+
+    monkeypatch.chdir(stagedir)
+    root = tmp_path / "code"
+    _pretrain(root)
+    (old,) = _runs(root)
+    monkeypatch.setattr(checkpoints, "code_hash", lambda: "the code after an edit")
+    fresh = _pretrain(root)
+    assert (fresh["resumed_from_step"], fresh["steps"]) == (0, 9) and len(_runs(root)) == 2
+    (new,) = [run for run in _runs(root) if run != old]
+    assert json.loads((new / "fingerprint.json").read_text())["code llmpipe"] == "the code after an edit"
+
+    capsys.readouterr()
+    assert main(["--task", "pretrain", "--output-dir", str(root), "--resume-from", str(old / "checkpoint-9")]) == 0
+    assert json.loads((root / "metrics" / "pretrain.json").read_text())["resumed_from_step"] == 9
+    assert "was trained by other llmpipe code; resuming it as asked" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_the_best_checkpoint_is_kept_besides_the_last(stagedir, tmp_path, monkeypatch):
     monkeypatch.chdir(stagedir)
     # A constant, far too high lr makes the validation loss jump about; which lr leaves the best checkpoint

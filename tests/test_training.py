@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import yaml
 from conftest import TINY_PARAMS
 
-from llmpipe.checkpoints import fingerprint
+import llmpipe
+from llmpipe.checkpoints import code_hash, fingerprint
 from llmpipe.config import parse_params
 from llmpipe.io import atomic_dir
 
@@ -20,6 +24,19 @@ def test_fingerprint_ignores_budgets_but_not_hyperparameters(workdir):
     assert fingerprint(base, "pretrain", inputs) == fingerprint(longer, "pretrain", inputs)
     assert fingerprint(base, "pretrain", inputs) != fingerprint(other_lr, "pretrain", inputs)
     assert fingerprint(base, "sft", inputs) != fingerprint(base, "pretrain", inputs)
+
+
+def test_code_hash_follows_the_sources_not_their_bytecode(tmp_path):
+    package = tmp_path / "llmpipe"
+    shutil.copytree(Path(llmpipe.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = code_hash(package)
+    assert before == code_hash(), "the copy hashes as the installed package"
+    (package / "rl" / "__pycache__").mkdir()
+    (package / "rl" / "__pycache__" / "ppo.cpython-311.pyc").write_bytes(b"bytecode")
+    assert code_hash(package) == before, "bytecode the interpreter writes is not a code change"
+    ppo = package / "rl" / "ppo.py"
+    ppo.write_text(ppo.read_text() + "\n# a fix\n")
+    assert code_hash(package) != before
 
 
 def test_atomic_dir_keeps_the_old_folder_on_failure(tmp_path):

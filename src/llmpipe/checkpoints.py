@@ -1,8 +1,8 @@
 """Training checkpoints: a run's folder ``checkpoints/<stage>/<fingerprint>/``, which checkpoint a run resumes,
 and the checks that a checkpoint is whole before it is trusted.
 
-A run's identity is its params (step/epoch budgets and launch positions excluded) and the bytes of its inputs;
-its fingerprint is a hash of that identity, and ``fingerprint.json`` in the run folder keeps the identity itself,
+A run's identity is its params (step/epoch budgets and launch positions excluded), the bytes of its inputs and
+the llmpipe code that trains it; its fingerprint is a hash of that identity, and ``fingerprint.json`` in the run folder keeps the identity itself,
 so a refused resume can name the keys and inputs that differ.
 
 A checkpoint counts only when it is whole: its ``trainer_state.json`` exists (the HF Trainer writes it last, and
@@ -48,13 +48,28 @@ def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
+def code_hash(package: Path = Path(__file__).parent) -> str:
+    """SHA-256 over the relative names and bytes of the ``*.py`` files of the llmpipe package (bytecode left out).
+
+    Part of a run's identity: when DVC reruns a training stage because its code changed, the stage must train
+    with the new code, not find the finished checkpoint of the old code and save it again. It covers the whole
+    package rather than the stage's own dvc.yaml deps (llm-train does not read dvc.yaml), so any edit to llmpipe
+    starts new runs; ``--resume-from`` still resumes a checkpoint whose run differs only in code.
+    """
+    h = hashlib.sha256()
+    for f in sorted(package.rglob("*.py")):
+        h.update(str(f.relative_to(package)).encode())
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
 def identity(params: Params, stage: str, inputs: list[Path]) -> dict[str, Any]:
     """What makes a training run the run it is, as flat ``{"sft.lr": 1e-4, …, "input data/sft": "<sha256>"}``.
 
     The stage's params minus `BUDGET_KEYS` (raising `max_steps` continues the same run), the model shape for
     pretrain (and `data` when it streams), `distributed` minus `LAUNCH_KEYS` (every machine of a multi-node run computes the same one),
     `profile` when enabled, and one content hash per input path (data, tokenizer, base model: they carry all
-    that is upstream, so upstream params need not be listed).
+    that is upstream, so upstream params need not be listed), and ``code llmpipe``: :func:`code_hash`.
     """
     out: dict[str, Any] = {"stage": stage}
     _flat(stage, {k: v for k, v in params.stage(stage).model_dump().items() if k not in BUDGET_KEYS}, out)
@@ -67,6 +82,7 @@ def identity(params: Params, stage: str, inputs: list[Path]) -> dict[str, Any]:
         _flat("profile", params.profile.model_dump(), out)
     for path in inputs:
         out[f"input {path}"] = hash_paths([Path(path)])
+    out["code llmpipe"] = code_hash()
     return out
 
 
@@ -81,12 +97,13 @@ def fingerprint(params: Params, stage: str, inputs: list[Path]) -> str:
 
 
 def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """One line per key whose value differs between two identities: ``key: <stored> → <current>`` (inputs: changed)."""
+    """One line per key whose value differs between two identities: ``key: <stored> → <current>`` (inputs and
+    code: ``key changed``)."""
     lines = []
     for key in sorted(stored.keys() | current.keys()):
         a, b = stored.get(key, "<absent>"), current.get(key, "<absent>")
         if a != b:
-            lines.append(f"{key} changed" if key.startswith("input ") else f"{key}: {a!r} → {b!r}")
+            lines.append(f"{key} changed" if key.startswith(("input ", "code ")) else f"{key}: {a!r} → {b!r}")
     return lines
 
 
@@ -213,6 +230,9 @@ def _explicit(request: ResumeRequest, stage: str, ident: dict[str, Any], flag: s
             f"unknown; name a checkpoint inside its run folder (checkpoints/{stage}/<fingerprint>/), or pass --restart"
         )
     diff = differences(json.loads(stored_file.read_text()), ident)
+    if "code llmpipe changed" in diff:  # asked for by name: a fix to llmpipe may resume a killed run
+        diff.remove("code llmpipe changed")
+        log.warning("%s: %s %s was trained by other llmpipe code; resuming it as asked", stage, flag, path)
     if diff:
         layout = any(line.split(":")[0].split(".")[-1] in BATCH_LAYOUT_KEYS for line in diff)
         why = (" (another batch layout would shift the data position and the gradient-accumulation boundaries, "
@@ -229,7 +249,8 @@ def open_run(params: Params, stage: str, inputs: list[Path], request: ResumeRequ
     """The run folder of `stage` with these params and inputs, and the checkpoint to resume.
 
     By default the newest whole checkpoint of the same fingerprint is resumed (another fingerprint trains in its
-    own folder from step 0); ``--resume-from`` names one, which must belong to the same run; ``--restart`` moves
+    own folder from step 0); ``--resume-from`` names one, which must belong to the same run up to its code (a
+    run of other llmpipe code is resumed with a warning); ``--restart`` moves
     the run's folder aside and trains from step 0. The identity is written to ``fingerprint.json``.
 
     Raises:
@@ -248,7 +269,7 @@ def open_run(params: Params, stage: str, inputs: list[Path], request: ResumeRequ
         resume = newest_whole(path)
     others = [p.name for p in path.parent.iterdir() if p.is_dir() and p != path] if path.parent.is_dir() else []
     if resume is None and others:
-        log.info("%s: %d other run folder(s) beside this one, with other params or inputs (not resumed); "
+        log.info("%s: %d other run folder(s) beside this one, with other params, inputs or code (not resumed); "
                  "llm-train --task %s --list-checkpoints shows how they differ", stage, len(others), stage)  # fmt: skip
     path.mkdir(parents=True, exist_ok=True)
     if not (path / FINGERPRINT_FILE).exists():

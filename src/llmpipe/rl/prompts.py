@@ -1,6 +1,6 @@
-"""Prompts for on-policy RL: the user turns of the prepared SFT data, tokenized with the chat template, and
-the seeded, resumable stream of prompt indices a run draws its rollout batches from (the `ppo` stage;
-:class:`IndexStream` also orders its ptx blocks)."""
+"""Prompts for on-policy RL: the conversation of each prepared SFT row up to its first user turn, tokenized with
+the chat template (the `ppo` and `grpo` stages), and the seeded, resumable stream of prompt indices a PPO run
+draws its rollout batches from (:class:`IndexStream` also orders its ptx blocks)."""
 
 from __future__ import annotations
 
@@ -20,42 +20,62 @@ log = logging.getLogger(__name__)
 class Prompts:
     """The prompts of one split, those that fit the token budget, in file order."""
 
+    turns: list[list[dict[str, str]]]
+    """The conversation up to and including the first user turn (a system turn stays), as the policy sees it."""
     texts: list[str]
     """The user turn as plain text (signature + docstring): what the reward functions score."""
     names: list[str]
     """The requested function name of each prompt."""
     ids: list[list[int]]
-    """The user turn rendered with the chat template and its generation prompt, as token ids."""
+    """:attr:`turns` rendered with the chat template and its generation prompt, as token ids."""
 
 
-def load_prompts(path: Path, tokenizer, max_prompt_tokens: int, limit: int | None) -> Prompts:
-    """The user turns of a prepared SFT split, rendered with ``add_generation_prompt=True``.
+def prompt_turns(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The turns of a conversation up to and including its first user turn: the prompt an RL policy answers.
+
+    A leading system turn stays (SFT trained the reply under it); later turns are the answer and what follows.
+
+    Raises:
+        ValueError: The conversation has no user turn.
+    """
+    for i, message in enumerate(messages):
+        if message["role"] == "user":
+            return messages[: i + 1]
+    raise ValueError("a conversation without a user turn")
+
+
+def load_prompts(path: Path, tokenizer, max_prompt_tokens: int, limit: int | None, budget: str) -> Prompts:
+    """The prompts (:func:`prompt_turns`) of a prepared SFT split, rendered with ``add_generation_prompt=True``.
 
     Args:
         path: ``data/sft/<split>.jsonl`` (rows with ``messages`` and ``name``).
         tokenizer: The pipeline tokenizer (its chat template adds bos and the role tokens).
         max_prompt_tokens: Longer rendered prompts are skipped (they leave no room for the completion).
         limit: Keep at most this many prompts (after skipping); None = all.
+        budget: The params key(s) that set `max_prompt_tokens`, named in the error when no prompt fits.
 
     Raises:
-        UserError: The file is missing or malformed, or no prompt fits `max_prompt_tokens`.
+        UserError: The file is missing or malformed, a row has no user turn, or no prompt fits
+            `max_prompt_tokens`.
     """
     rows = load_split(path, ("messages", "name"))
-    texts, names, ids = [], [], []
-    for messages, name in zip(rows["messages"], rows["name"]):
-        user = next(m for m in messages if m["role"] == "user")
-        rendered = tokenizer.apply_chat_template([user], add_generation_prompt=True, tokenize=False)
+    prompts = Prompts([], [], [], [])
+    for line, (messages, name) in enumerate(zip(rows["messages"], rows["name"]), start=1):
+        try:
+            turns = prompt_turns(messages)
+        except ValueError:
+            raise UserError(f"{path}:{line}: the conversation has no user turn to use as a prompt") from None
+        rendered = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
         tokens = tokenizer(rendered, add_special_tokens=False)["input_ids"]
         if len(tokens) <= max_prompt_tokens:
-            texts.append(user["content"])
-            names.append(name)
-            ids.append(tokens)
-    if not ids:
-        raise UserError(
-            f"{path}: no prompt fits in {max_prompt_tokens} tokens (ppo.max_length - ppo.generation.max_new_tokens)"
-        )
-    log.info("ppo: %d prompts of %d in %s fit in %d tokens", len(ids), len(rows), path, max_prompt_tokens)
-    return Prompts(texts[:limit], names[:limit], ids[:limit])
+            prompts.turns.append(turns)
+            prompts.texts.append(turns[-1]["content"])
+            prompts.names.append(name)
+            prompts.ids.append(tokens)
+    if not prompts.ids:
+        raise UserError(f"{path}: no prompt fits in {max_prompt_tokens} tokens ({budget}); raise it")
+    log.info("%s: %d of %d prompts fit in %d tokens", path, len(prompts.ids), len(rows), max_prompt_tokens)
+    return Prompts(prompts.turns[:limit], prompts.texts[:limit], prompts.names[:limit], prompts.ids[:limit])
 
 
 class IndexStream:

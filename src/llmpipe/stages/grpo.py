@@ -18,10 +18,10 @@ from typing import Any
 
 from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
-from llmpipe.data.loading import load_split
 from llmpipe.guards import check_same_tokenizer
 from llmpipe.modeling import load_model, load_tokenizer
 from llmpipe.rewards import trl_reward_functions
+from llmpipe.rl.prompts import load_prompts
 from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,9 @@ def grpo_config(params: Params, run_dir: Path):
     )
 
 
-def load_prompts(path: Path, tokenizer, max_length: int, limit: int | None = None):
-    """GRPO prompts from SFT rows: the user turn as a conversational ``prompt``, and the function ``name``.
+def prompt_dataset(path: Path, tokenizer, max_length: int, limit: int | None = None):
+    """GRPO prompts from SFT rows (:func:`llmpipe.rl.prompts.load_prompts`, the same selection as PPO's) as the
+    conversational dataset TRL's GRPOTrainer takes.
 
     Args:
         path: ``data/sft/<split>.jsonl`` (rows with ``messages`` and ``name``).
@@ -75,21 +76,15 @@ def load_prompts(path: Path, tokenizer, max_length: int, limit: int | None = Non
         limit: Keep at most this many prompts (after the length filter).
 
     Returns:
-        A `datasets.Dataset` with columns ``prompt`` (``[{"role": "user", "content": ...}]``) and ``name``.
+        A `datasets.Dataset` with columns ``prompt`` (the turns up to the first user turn) and ``name``.
 
     Raises:
-        UserError: The file is missing or empty, or a row lacks ``messages`` or ``name``.
+        UserError: The file is missing or malformed, a row has no user turn, or no prompt fits `max_length`.
     """
-    rows = load_split(path, ("messages", "name"))
-    rows = rows.map(lambda r: {"prompt": r["messages"][:1]}, remove_columns=["messages"])
-    fits = [
-        len(tokenizer.apply_chat_template(p, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
-        <= max_length
-        for p in rows["prompt"]
-    ]
-    kept = [i for i, ok in enumerate(fits) if ok][:limit]
-    log.info("%s: %d of %d prompts fit in %d tokens; using %d", path, sum(fits), len(fits), max_length, len(kept))
-    return rows.select(kept)
+    from datasets import Dataset
+
+    prompts = load_prompts(path, tokenizer, max_length, limit, "grpo.max_length")
+    return Dataset.from_dict({"prompt": prompts.turns, "name": prompts.names})
 
 
 def _tenths(values: list[float]) -> tuple[float, float, float, float]:
@@ -180,8 +175,8 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
         model=model,
         reward_funcs=reward_funcs,
         args=grpo_config(params, run.path),
-        train_dataset=load_prompts(data / "train.jsonl", tokenizer, cfg.max_length, cfg.num_samples),
-        eval_dataset=load_prompts(data / "validation.jsonl", tokenizer, cfg.max_length, cfg.max_eval_samples),
+        train_dataset=prompt_dataset(data / "train.jsonl", tokenizer, cfg.max_length, cfg.num_samples),
+        eval_dataset=prompt_dataset(data / "validation.jsonl", tokenizer, cfg.max_length, cfg.max_eval_samples),
         processing_class=tokenizer,
         callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "grpo", "tensorboard"))],
     )

@@ -281,8 +281,9 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     data = Path(paths.data, "sft")
     tokenizer = load_tokenizer(paths.tokenizer, trust_remote_code)
     budget = cfg.max_length - cfg.generation.max_new_tokens
-    train = load_prompts(data / "train.jsonl", tokenizer, budget, cfg.num_samples)
-    valid = load_prompts(data / "validation.jsonl", tokenizer, budget, cfg.max_eval_samples)
+    keys = "ppo.max_length - ppo.generation.max_new_tokens"
+    train = load_prompts(data / "train.jsonl", tokenizer, budget, cfg.num_samples, keys)
+    valid = load_prompts(data / "validation.jsonl", tokenizer, budget, cfg.max_eval_samples, keys)
     policy_dir, reward_dir = Path(paths.models, cfg.policy), Path(paths.models, "reward")
     check_model_dir(policy_dir, f"run the {cfg.policy} stage first (dvc repro {cfg.policy})", trust_remote_code)
     check_model_dir(reward_dir, REWARD_MISSING, trust_remote_code)  # before hashing them: names the fix
