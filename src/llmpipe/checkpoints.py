@@ -2,8 +2,8 @@
 and the checks that a checkpoint is whole before it is trusted.
 
 A run's identity is its params (step/epoch budgets and launch positions excluded), the bytes of its inputs and
-the llmpipe code that trains it; its fingerprint is a hash of that identity, and ``fingerprint.json`` in the run folder keeps the identity itself,
-so a refused resume can name the keys and inputs that differ.
+the llmpipe code that trains it; its fingerprint is a hash of that identity, and ``fingerprint.json`` in the run
+folder keeps the identity itself, so a refused resume can name the keys, inputs and code that differ.
 
 A checkpoint counts only when it is whole: its ``trainer_state.json`` exists (the HF Trainer writes it last, and
 our PPO loop renames a finished temp folder into place, so a kill during a save leaves no such file) and every
