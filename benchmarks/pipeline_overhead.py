@@ -10,7 +10,7 @@ output must say nothing ran. Target: median < 3 s.
 
 Stage start-up: the time from starting `llm-train --task pretrain` (as a hand run with `--output-dir` in a
 temporary folder, so the DVC outputs stay up to date and the run starts fresh) to its log line
-``pretrain: first step done``, which `llmpipe.training.train_stage` writes when the first optimizer step
+``pretrain: first step done``, which `llmpipe.train.loop.train_stage` writes when the first optimizer step
 has ended; the process is then killed. Each of the stage's log lines is timestamped on arrival, which
 splits start-up into imports and params, token files mapped, model and trainer set-up, and the first step.
 A fresh interpreter's import of torch, transformers and the Trainer (which the second and third phases

@@ -5,7 +5,7 @@
     python benchmarks/pretrain_throughput.py --params my_params.yaml
 
 Stage loop: the HF `Trainer` that `llmpipe.stages.pretrain.make_trainer` builds (the stage's
-`training_kwargs`, TensorBoard callback) run by `llmpipe.training.train_stage` (which adds the stage's
+`training_kwargs`, TensorBoard callback) run by `llmpipe.train.loop.train_stage` (which adds the stage's
 per-step callbacks), on `PackedBlocks` of random token ids drawn from the vocabulary (in memory, stored as the
 tokenize stage stores them; the stage memory-maps its token files). Raw loop: the same
 `build_model(params.model, …)` weights, `torch.optim.AdamW` with the same lr, betas and weight decay
@@ -149,11 +149,11 @@ def alternate_callback(raw: RawLoop, block_steps: int, num_blocks: int):
 def run_mode(mode: str, params_path: Path, rounds: int, block_steps: int, tokenizer, tmp: Path) -> dict[str, float]:
     import torch
 
-    from llmpipe.checkpoints import Run
     from llmpipe.config import load_params
-    from llmpipe.modeling import build_model
+    from llmpipe.models import build_model
     from llmpipe.stages.pretrain import make_trainer
-    from llmpipe.training import tensorboard_callback, train_stage
+    from llmpipe.train.checkpoints import Run
+    from llmpipe.train.loop import tensorboard_callback, train_stage
 
     fp32, compiled = mode.endswith("fp32"), mode.startswith("compile")
     num_blocks = rounds + 1  # the first is warm-up
@@ -216,7 +216,7 @@ def main() -> None:
     import transformers
 
     from llmpipe.config import load_params
-    from llmpipe.modeling import build_model, count_parameters
+    from llmpipe.models import build_model, count_parameters
 
     transformers.logging.set_verbosity_error()
     params = load_params(args.params)

@@ -84,9 +84,9 @@ def main() -> None:
     import torch
     from tokenizers import Tokenizer
 
+    from llmpipe.core.io import read_jsonl
     from llmpipe.data.tokens import PackedBlocks, pack_ids, token_blocks, write_tokens
-    from llmpipe.io import read_jsonl
-    from llmpipe.modeling import load_tokenizer
+    from llmpipe.models import load_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         params = prepared_params(args.workdir, Path(tmp))

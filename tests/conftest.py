@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llmpipe import stages
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Tiny but real: a 2-layer Llama on a 1k BPE, a few steps per stage, the real stdlib corpus.
@@ -77,7 +79,7 @@ def tiny_sft(workdir) -> Path:
     """`workdir` with a randomly initialised tiny Llama of TINY_PARAMS' shape saved as models/sft (a stand-in for
     the SFT stage's output, which the RL stages start from)."""
     from llmpipe.config import load_params
-    from llmpipe.modeling import build_model, load_tokenizer, save_model
+    from llmpipe.models import build_model, load_tokenizer, save_model
 
     params = load_params(workdir / "params.yaml")
     tok = load_tokenizer(workdir / params.paths.tokenizer)
@@ -85,8 +87,7 @@ def tiny_sft(workdir) -> Path:
     return workdir
 
 
-TRAINING_AND_DATA_STAGES = {"prepare", "tokenizer", "tokenize", "baseline", "pretrain", "sft", "dpo", "reward", "ppo",
-                            "grpo", "report"}
+TRAINING_AND_DATA_STAGES = set(stages.DVC_STAGES) - {"evaluate"}
 SHIPPED_STAGES = TRAINING_AND_DATA_STAGES | {
     f"evaluate@{m}" for m in ("baseline", "pretrain", "sft", "dpo", "ppo", "grpo")
 }

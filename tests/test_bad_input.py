@@ -38,8 +38,8 @@ from conftest import ROOT, TINY_PARAMS, deep_merge
 from llmpipe import stages
 from llmpipe.cli import main
 from llmpipe.config import DedupParams
+from llmpipe.core.errors import UserError
 from llmpipe.data.dedup import Deduplicator
-from llmpipe.errors import UserError
 
 # TINY_PARAMS with users' own small data and a model small enough to save in milliseconds.
 BASE: dict[str, Any] = deep_merge(
@@ -101,7 +101,7 @@ def template(tmp_path_factory) -> Path:
     from transformers import AutoModelForSequenceClassification
 
     from llmpipe.config import load_params
-    from llmpipe.modeling import build_model, load_tokenizer, save_model
+    from llmpipe.models import build_model, load_tokenizer, save_model
 
     root = tmp_path_factory.mktemp("workspace")
     (root / "in").mkdir()
@@ -506,7 +506,7 @@ def test_trusted_pickled_weights_load_and_equal_the_saved_ones(template, tmp_pat
     """--trust-remote-code lets a pytorch_model.bin past our check; transformers loads it (weights_only=True)."""
     import torch
 
-    from llmpipe.modeling import load_model
+    from llmpipe.models import load_model
 
     shutil.copytree(template / "models", tmp_path / "models")
     safe = load_model(tmp_path / "models" / "pretrain", "unused")
@@ -521,7 +521,7 @@ def test_trusted_pickled_weights_load_and_equal_the_saved_ones(template, tmp_pat
 def test_trust_lets_auto_map_past_the_check_and_asks_transformers_for_it(template, tmp_path):
     """With trust, our check passes an auto_map folder and transformers is told trust_remote_code=True (it then
     imports the mapped file itself; that import is transformers' code path, not exercised here)."""
-    from llmpipe.modeling import check_model_dir, pretrained_kwargs
+    from llmpipe.models import check_model_dir, pretrained_kwargs
 
     shutil.copytree(template / "models" / "sft", tmp_path / "sft")
     auto_map("sft/config.json", "AutoModelForCausalLM")(tmp_path)
@@ -536,7 +536,7 @@ def test_safetensors_beside_a_pickle_loads_the_safetensors(template, tmp_path):
     """A folder with both formats (common on the hub) needs no trust: only model.safetensors is read."""
     import torch
 
-    from llmpipe.modeling import load_model
+    from llmpipe.models import load_model
 
     folder = tmp_path / "sft"
     shutil.copytree(template / "models" / "sft", folder)
@@ -546,6 +546,6 @@ def test_safetensors_beside_a_pickle_loads_the_safetensors(template, tmp_path):
 
 def test_every_loading_stage_takes_the_trust_flag():
     """`llm-train --trust-remote-code` passes it to exactly the tasks that load a model or tokenizer folder."""
-    for task in stages.TASKS:
+    for task in stages.REGISTRY:
         takes = "trust_remote_code" in inspect.signature(stages.runner(task)).parameters
         assert takes == (task in stages.LOADING_TASKS), task

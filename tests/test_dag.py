@@ -1,10 +1,12 @@
-"""dvc.yaml: each stage's deps cover every llmpipe module the stage imports, so editing code reruns it."""
+"""dvc.yaml agrees with the code: each stage's code deps are exactly the llmpipe packages it imports (so editing code
+reruns it, and only it), its other deps are the registry's inputs, and every registered stage has a DVC stage."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,17 +21,54 @@ print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items() if n.startswi
 """
 
 
-@pytest.mark.parametrize("task", [t for t in stages.TASKS if t not in stages.HAND_TASKS])
-def test_deps_cover_imported_modules(task):
-    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    deps = dvc["stages"][task]["deps"]
+def code_units(task: str) -> set[str]:
+    """The dvc.yaml code deps `task` needs: every package it imports (a stage module, or a module at the package's
+    top, by itself), plus `distributed`, which `llm-train` imports at run time for every task."""
     out = subprocess.run([sys.executable, "-c", IMPORTS.format(task=task)], capture_output=True, text=True, check=True)
+    units = {"src/llmpipe/distributed"}
     for file in json.loads(out.stdout):
-        rel = str(__import__("pathlib").Path(file).resolve().relative_to(ROOT))
-        assert any(rel == d or rel.startswith(d.rstrip("/") + "/") for d in deps), f"{task}: {rel} not in deps"
+        rel = Path(file).resolve().relative_to(ROOT / "src" / "llmpipe")
+        single = rel.parts[0] == "stages" or len(rel.parts) == 1
+        units.add(str(Path("src/llmpipe", *(rel.parts if single else rel.parts[:1]))))
+    return units
 
 
-def test_every_task_has_a_stage_unless_run_by_hand():
-    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    assert set(stages.TASKS) - set(stages.HAND_TASKS) == set(dvc["stages"])
-    assert not set(stages.HAND_TASKS) & set(dvc["stages"])
+def dvc_stages() -> dict:
+    return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+@pytest.mark.parametrize("task", stages.DVC_STAGES)
+def test_code_deps_are_exactly_the_imported_packages(task):
+    deps = [d for d in dvc_stages()[task]["deps"] if d.startswith("src/")]
+    expected = code_units(task)
+    assert not expected - set(deps), f"dvc.yaml stage {task}: add {sorted(expected - set(deps))} to its deps"
+    assert not set(deps) - expected, f"dvc.yaml stage {task}: it does not import {sorted(set(deps) - expected)}"
+
+
+@pytest.mark.parametrize("task", [t for t in stages.DVC_STAGES if t != "report"])
+def test_data_deps_are_the_registry_inputs(task):
+    deps = [d for d in dvc_stages()[task]["deps"] if not d.startswith("src/")]
+    assert deps == list(stages.REGISTRY[task].inputs), (
+        f"dvc.yaml stage {task} reads {deps}, the registry (llmpipe/stages/__init__.py) says "
+        f"{list(stages.REGISTRY[task].inputs)}: make them the same"
+    )
+
+
+def test_report_reads_every_stage_metrics_file():
+    deps = [d for d in dvc_stages()["report"]["deps"] if not d.startswith("src/")]
+    expected = ["${paths.metrics}/eval", *(f"${{paths.metrics}}/{s}.json" for s in stages.METRICS_STAGES)]
+    assert deps == expected
+
+
+@pytest.mark.parametrize("task", stages.TRAINING_TASKS)
+def test_training_stage_writes_its_model_and_reads_its_section(task):
+    stage = dvc_stages()[task]
+    assert stages.REGISTRY[task].output in stage["outs"]
+    assert {"train", task, "distributed"} <= set(stage["params"]), f"dvc.yaml stage {task}: list train, {task}, distributed"
+
+
+def test_every_registered_stage_has_a_dvc_stage_and_no_other():
+    dvc = set(dvc_stages())
+    registered = set(stages.DVC_STAGES)
+    assert not registered - dvc, f"add a stage to dvc.yaml for {sorted(registered - dvc)}"
+    assert not dvc - registered, f"register {sorted(dvc - registered)} in llmpipe/stages/__init__.py (REGISTRY)"

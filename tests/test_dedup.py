@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from llmpipe.config import DedupParams, parse_params
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import read_jsonl
 from llmpipe.data.dedup import Deduplicator
 from llmpipe.data.splits import SPLITS, split_by_key
-from llmpipe.errors import UserError
-from llmpipe.io import read_jsonl
 from llmpipe.stages import prepare
 
 VOCAB = [f"w{i}" for i in range(5000)]

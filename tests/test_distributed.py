@@ -99,7 +99,7 @@ def test_cross_field_rules():
 
 
 def test_fingerprint_is_the_same_on_every_machine_of_a_multinode_run(workdir):
-    from llmpipe.checkpoints import fingerprint
+    from llmpipe.train.checkpoints import fingerprint
 
     inputs = [workdir / "data" / "pretrain"]
     node = {"strategy": "ddp", "num_processes": 2, "num_machines": 2, "main_process_ip": "10.0.0.1"}
@@ -209,7 +209,7 @@ import json, sys
 from pathlib import Path
 from transformers import Trainer, TrainingArguments
 from llmpipe.config import load_params
-from llmpipe.training import training_kwargs
+from llmpipe.train.loop import training_kwargs
 
 class Indexed:  # stands in for PackedBlocks: item i is block i
     def __len__(self): return 32

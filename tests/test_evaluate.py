@@ -21,13 +21,13 @@ from safetensors.torch import save_file
 
 from llmpipe import cli
 from llmpipe.config import ModelParams, parse_params
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import write_jsonl
 from llmpipe.data.corrupt import CORRUPTIONS
-from llmpipe.errors import UserError
 from llmpipe.evaluation.harness import flatten
 from llmpipe.evaluation.hooks import distinct_share, generation_score, preference_accuracy
 from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks
-from llmpipe.io import write_jsonl
-from llmpipe.modeling import build_model, load_tokenizer, save_model
+from llmpipe.models import build_model, load_tokenizer, save_model
 from llmpipe.stages import evaluate, report
 from llmpipe.stages.tokenizer import train_bpe
 

@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from llmpipe.config import HFPreferenceParams, HFSFTParams, ParamsError, parse_params
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import read_jsonl
 from llmpipe.data import formats, sources
-from llmpipe.errors import UserError
-from llmpipe.io import read_jsonl
 from llmpipe.stages import prepare
 
 
@@ -346,7 +346,7 @@ def test_tool_turns_are_rendered_and_left_out_of_the_loss(tmp_path):
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from llmpipe.modeling import build_model
+    from llmpipe.models import build_model
     from llmpipe.stages.sft import sft_config
     from llmpipe.stages.tokenizer import train_bpe
 

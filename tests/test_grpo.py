@@ -12,7 +12,7 @@ from typing import get_args
 import pytest
 
 from llmpipe.config import GRPOLossType, ParamsError, load_params, parse_params
-from llmpipe.modeling import load_model
+from llmpipe.models import load_model
 from llmpipe.stages import grpo
 
 

@@ -1,4 +1,4 @@
-"""The silent-failure guards (`llmpipe.guards`, `callbacks.NonFiniteLossGuard`, the ppo loop's check, lm-eval's
+"""The silent-failure guards (`llmpipe.train.guards`, `callbacks.NonFiniteLossGuard`, the ppo loop's check, lm-eval's
 truncation count), each triggered by a small real input: a BPE trained here, a random 2-layer Llama, a few
 hand-written chat and preference rows, and the real trainers. Without its guard, each test's run would train
 or evaluate on without an error.
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from llmpipe.config import ModelParams, parse_params
-from llmpipe.errors import UserError
-from llmpipe.io import write_jsonl
-from llmpipe.modeling import build_model, load_tokenizer, save_model
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import write_jsonl
+from llmpipe.models import build_model, load_tokenizer, save_model
 from llmpipe.stages.tokenizer import train_bpe
 
 TINY_MODEL = ModelParams(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
@@ -120,7 +120,7 @@ def test_pad_token_equal_to_eos_or_missing_is_refused_naming_the_tokenizer(root,
 
 
 def test_model_dir_with_another_tokenizer_or_chat_template_is_refused(root, tmp_path):
-    from llmpipe.guards import check_same_tokenizer
+    from llmpipe.models import check_same_tokenizer
 
     tok = load_tokenizer(root / "artifacts" / "tokenizer")
     check_same_tokenizer(root / "models" / "sft", tok, root / "artifacts" / "tokenizer")  # the same: passes
@@ -215,8 +215,8 @@ def pretrain_params(out: Path):
 
 @pytest.mark.slow
 def test_nan_loss_stops_training_at_its_step_before_that_steps_checkpoint(in_root, tmp_path):
-    from llmpipe.checkpoints import Run
-    from llmpipe.training import train_stage
+    from llmpipe.train.checkpoints import Run
+    from llmpipe.train.loop import train_stage
 
     params = pretrain_params(tmp_path)
     run_dir = tmp_path / "run"
@@ -234,8 +234,8 @@ def test_non_finite_gradient_is_refused_before_the_optimizer_applies_it(in_root,
     loss and every gradient are NaN; the guard must stop before the optimizer writes them into the weights."""
     from transformers import TrainerCallback
 
-    from llmpipe.checkpoints import Run
-    from llmpipe.training import train_stage
+    from llmpipe.train.checkpoints import Run
+    from llmpipe.train.loop import train_stage
 
     snapshot = {}
 

@@ -16,8 +16,8 @@ from conftest import TINY_PARAMS
 from safetensors.torch import load_file
 
 from llmpipe.config import ParamsError, parse_params
-from llmpipe.modeling import build_model, load_tokenizer, save_model
-from llmpipe.rl.ppo import (
+from llmpipe.models import build_model, load_tokenizer, save_model
+from llmpipe.rl.ppo.losses import (
     RunningMeanStd,
     entropy_from_logits,
     gae,

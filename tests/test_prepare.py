@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from llmpipe.config import ParamsError, parse_params
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import read_jsonl
 from llmpipe.data import stdlib
 from llmpipe.data.splits import split_by_key
-from llmpipe.errors import UserError
-from llmpipe.io import read_jsonl
 from llmpipe.stages import prepare
 
 SPLITS = ("train", "validation", "test")

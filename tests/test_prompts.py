@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from llmpipe.errors import UserError
-from llmpipe.modeling import load_tokenizer
+from llmpipe.core.errors import UserError
+from llmpipe.models import load_tokenizer
 from llmpipe.rl.prompts import load_prompts, prompt_turns
 from llmpipe.stages import grpo
 

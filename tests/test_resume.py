@@ -20,10 +20,10 @@ import yaml
 from conftest import ROOT, TINY_PARAMS
 
 from llmpipe import stages
-from llmpipe.checkpoints import newest_whole
 from llmpipe.cli import main
 from llmpipe.config import load_params
-from llmpipe.errors import UserError
+from llmpipe.core.errors import UserError
+from llmpipe.train.checkpoints import newest_whole
 
 # Per stage: steps, checkpoint interval, and every step logged (so each step's loss can be compared).
 RESUME = {
@@ -43,7 +43,7 @@ def stagedir(workdir) -> Path:
     backbone, and params.yaml with the `RESUME` schedules: every training stage can run here."""
     from transformers import AutoModelForSequenceClassification
 
-    from llmpipe.modeling import build_model, load_tokenizer, save_model
+    from llmpipe.models import build_model, load_tokenizer, save_model
 
     raw = yaml.safe_load(TINY_PARAMS)
     for stage, schedule in RESUME.items():
@@ -190,7 +190,7 @@ def test_resume_rules(stagedir, tmp_path, monkeypatch, capsys):
 def test_a_code_change_trains_anew_unless_a_checkpoint_is_named(stagedir, tmp_path, monkeypatch, capsys):
     """DVC reruns a stage when its code changed: the finished run of the old code must not be saved again as the
     new model. Naming its checkpoint still resumes it (a fix to llmpipe after a crash), with a warning."""
-    from llmpipe import checkpoints
+    from llmpipe.train import checkpoints
 
     monkeypatch.chdir(stagedir)
     root = tmp_path / "code"

@@ -11,7 +11,7 @@ import pytest
 
 from llmpipe.config import load_params
 from llmpipe.data.loading import load_split
-from llmpipe.modeling import load_model
+from llmpipe.models import load_model
 from llmpipe.stages import reward
 
 

@@ -9,7 +9,7 @@ import torch
 from pydantic import ValidationError
 
 from llmpipe.config import RewardName, RewardSpec
-from llmpipe.rewards import REWARDS, compute_rewards, is_trivial_completion, trl_reward_functions
+from llmpipe.rl.rewards import REWARDS, compute_rewards, is_trivial_completion, trl_reward_functions
 
 PROMPT = 'def add(a, b, *, scale=1):\n    """Return (a + b) * scale."""'
 GOOD = "    return (a + b) * scale"

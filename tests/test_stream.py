@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmpipe.callbacks import batch_digest
 from llmpipe.config import load_params
+from llmpipe.core.errors import UserError
 from llmpipe.data import stream as streams
-from llmpipe.errors import UserError
-from llmpipe.modeling import load_tokenizer
+from llmpipe.models import load_tokenizer
+from llmpipe.train.callbacks import batch_digest
 
 WORDS = "the a of model data stream token block shard cursor resume learning rate batch loss eval train".split()
 

@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from llmpipe.throughput import (
+from llmpipe.train.throughput import (
     datasheet_bf16_tflops,
     matmul_parameters,
     measure_matmul_tflops,

@@ -15,11 +15,11 @@ import pytest
 import torch
 from conftest import ROOT
 
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import hash_paths, read_jsonl
 from llmpipe.data import tokens
 from llmpipe.data.tokens import PackedBlocks, pack_ids, read_tokens, token_blocks, token_dtype, write_tokens
-from llmpipe.errors import UserError
-from llmpipe.io import hash_paths, read_jsonl
-from llmpipe.modeling import load_tokenizer
+from llmpipe.models import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,7 @@ KILL_MIDWAY = """
 import os, signal, sys
 from pathlib import Path
 from llmpipe.data import tokens
-from llmpipe.modeling import load_tokenizer
+from llmpipe.models import load_tokenizer
 
 tokens.CHUNK_CHARS = 5_000
 calls = []

@@ -11,9 +11,9 @@ import yaml
 from conftest import TINY_PARAMS
 
 import llmpipe
-from llmpipe.checkpoints import code_hash, fingerprint
 from llmpipe.config import parse_params
-from llmpipe.io import atomic_dir
+from llmpipe.core.io import atomic_dir
+from llmpipe.train.checkpoints import code_hash, fingerprint
 
 
 def test_fingerprint_ignores_budgets_but_not_hyperparameters(workdir):
@@ -34,7 +34,7 @@ def test_code_hash_follows_the_sources_not_their_bytecode(tmp_path):
     (package / "rl" / "__pycache__").mkdir()
     (package / "rl" / "__pycache__" / "ppo.cpython-311.pyc").write_bytes(b"bytecode")
     assert code_hash(package) == before, "bytecode the interpreter writes is not a code change"
-    ppo = package / "rl" / "ppo.py"
+    ppo = package / "rl" / "ppo" / "losses.py"
     ppo.write_text(ppo.read_text() + "\n# a fix\n")
     assert code_hash(package) != before
 

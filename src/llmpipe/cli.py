@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe import stages
-from llmpipe.errors import UserError
+from llmpipe.core.errors import UserError
 
 log = logging.getLogger("llmpipe")
 
 
 def _parser() -> argparse.ArgumentParser:
-    tasks = "\n".join(f"  {name:<10} {desc}" for name, desc in stages.TASKS.items())
+    tasks = "\n".join(f"  {name:<10} {desc}" for name, desc in ((n, s.description) for n, s in stages.REGISTRY.items()))
     p = argparse.ArgumentParser(
         prog="llm-train",
         description="Run one llmpipe stage.",
@@ -125,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from llmpipe.checkpoints import ResumeRequest, describe_runs
     from llmpipe.config import load_params
+    from llmpipe.core.io import write_json
     from llmpipe.distributed.launch import finish, is_main_process, needs_launch, relaunch, under_launcher
-    from llmpipe.io import write_json
+    from llmpipe.train.checkpoints import ResumeRequest, describe_runs
 
     try:
         task = stages.resolve(args.task)

@@ -41,7 +41,6 @@ from llmpipe.config.rl import GenerationParams, GRPOLossType, GRPOParams, PPOPar
 from llmpipe.config.runtime import EVAL_TASKS, EvalParams, OrchestrationParams, ProfileParams, RegressionParams
 from llmpipe.config.training import (
     BUDGET_KEYS,
-    STAGE_SECTIONS,
     DPOLossType,
     DPOParams,
     ModelParams,
@@ -54,7 +53,6 @@ from llmpipe.config.training import (
 __all__ = [
     "BUDGET_KEYS",
     "EVAL_TASKS",
-    "STAGE_SECTIONS",
     "DPOLossType",
     "DPOParams",
     "DataParams",

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from llmpipe import presets
-from llmpipe.section import Section
+from llmpipe.config.section import Section
 
 
 class StdlibSourceParams(Section):

@@ -11,9 +11,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from llmpipe.config.params import Params
-from llmpipe.config.training import STAGE_SECTIONS
-from llmpipe.errors import UserError
-from llmpipe.io import decode_line
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import decode_line
 
 
 class ParamsError(UserError):
@@ -70,6 +69,8 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         ParamsError: A key is unknown, a value has the wrong type or range, or a cross-field rule fails.
             The message names each key path (e.g. ``sft.lrr``) and suggests the fix.
     """
+    from llmpipe.stages import TRAINING_TASKS  # the registry imports config sections: import at call time
+
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -78,7 +79,7 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
     train = raw.get("train") or {}
     origin: dict[str, dict[str, str]] = {}
     if isinstance(train, dict):
-        for name in STAGE_SECTIONS:
+        for name in TRAINING_TASKS:
             own = raw.get(name) or {}
             if not isinstance(own, dict):
                 continue

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from llmpipe.config.data import DataParams, TokenizerParams
+from llmpipe.config.distributed import DistributedParams
 from llmpipe.config.paths import PathsParams
 from llmpipe.config.rl import GRPOParams, PPOParams
 from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams
+from llmpipe.config.section import Section
 from llmpipe.config.training import (
-    STAGE_SECTIONS,
     DPOParams,
     ModelParams,
     PretrainParams,
@@ -17,8 +18,6 @@ from llmpipe.config.training import (
     SFTParams,
     TrainParams,
 )
-from llmpipe.distributed.params import DistributedParams
-from llmpipe.section import Section
 
 
 class Params(Section):
@@ -44,7 +43,9 @@ class Params(Section):
     @model_validator(mode="after")
     def _warmup_within_max_steps(self) -> Params:
         # Here rather than in TrainParams: a section does not know its own name, and the message must say which.
-        for name in ("train", *STAGE_SECTIONS):
+        from llmpipe.stages import TRAINING_TASKS  # the registry imports this package: import at call time
+
+        for name in ("train", *TRAINING_TASKS):
             t = self.stage(name)
             if t.max_steps > 0 and t.warmup_steps > t.max_steps:
                 raise ValueError(
@@ -83,5 +84,5 @@ class Params(Section):
         return self
 
     def stage(self, name: str) -> TrainParams:
-        """The merged training params of stage `name` (one of :data:`STAGE_SECTIONS`, or ``train`` itself)."""
+        """The merged training params of stage `name` (one of `llmpipe.stages.TRAINING_TASKS`, or ``train`` itself)."""
         return getattr(self, name)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from llmpipe.section import Section
+from llmpipe.config.section import Section
 
 
 class PathsParams(Section):

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from llmpipe.config.section import Section
 from llmpipe.config.training import TrainParams
-from llmpipe.section import Section
 
 
 class GenerationParams(Section):
@@ -24,19 +24,19 @@ class GenerationParams(Section):
 
 
 RewardName = Literal["python_parses", "defines_function", "uses_arguments", "parsable_prefix"]
-"""The keys of `llmpipe.rewards.REWARDS` (a test keeps the two equal). Spelled out here rather than imported,
+"""The keys of `llmpipe.rl.rewards.REWARDS` (a test keeps the two equal). Spelled out here rather than imported,
 so that validating params does not import the reward code and editing it reruns only the stages that use it."""
 
 
 class RewardSpec(Section):
-    """One named reward function of `llmpipe.rewards.REWARDS` and its weight in the summed reward."""
+    """One named reward function of `llmpipe.rl.rewards.REWARDS` and its weight in the summed reward."""
 
-    name: RewardName = Field(description="A reward function of llmpipe.rewards.REWARDS.")
+    name: RewardName = Field(description="A reward function of llmpipe.rl.rewards.REWARDS.")
     weight: float = Field(1.0, description="Multiplier of this reward in the sum.")
 
 
 class PPOParams(TrainParams):
-    """`ppo`: PPO of models/<policy> against a reward model and/or reward functions (llmpipe.rl.ppo, on Accelerate).
+    """`ppo`: PPO of models/<policy> against a reward model and/or reward functions (llmpipe.rl.ppo.losses, on Accelerate).
 
     Batches (TRL's PPOTrainer semantics): a micro-batch is `per_device_train_batch_size` sequences and a
     mini-batch (one optimizer step) `gradient_accumulation_steps` micro-batches. Each PPO step samples one
@@ -87,7 +87,7 @@ GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "lusp
 
 
 class GRPOParams(TrainParams):
-    """`grpo`: TRL GRPOTrainer from models/sft (or models/dpo) against the verifiable rewards of `llmpipe.rewards`.
+    """`grpo`: TRL GRPOTrainer from models/sft (or models/dpo) against the verifiable rewards of `llmpipe.rl.rewards`.
 
     Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath): `num_generations` completions per
     prompt, each one's advantage its reward minus the group mean (divided by a std, see `scale_rewards`), a
@@ -147,7 +147,7 @@ class GRPOParams(TrainParams):
             RewardSpec(name="uses_arguments", weight=0.5),
         ],
         min_length=1,
-        description="Reward functions of llmpipe.rewards and their weights; the reward is the weighted sum.",
+        description="Reward functions of llmpipe.rl.rewards and their weights; the reward is the weighted sum.",
     )
     generation: GenerationParams = GenerationParams()
 

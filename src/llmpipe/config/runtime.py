@@ -8,11 +8,11 @@ import re
 
 from pydantic import Field, model_validator
 
-from llmpipe.section import Section
+from llmpipe.config.section import Section
 
 
 class ProfileParams(Section):
-    """`torch.profiler` over a few optimizer steps of every training stage (llmpipe.profiling).
+    """`torch.profiler` over a few optimizer steps of every training stage (llmpipe.train.profiling).
 
     Schedule: skip `wait` steps, trace `warmup` steps and discard them, record `active` steps; then
     ``logs/<stage>/profile/`` gets ``trace.json`` (Chrome trace) and ``ops.txt`` (top operators by self time).

@@ -8,10 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from llmpipe.section import Section
-
-STAGE_SECTIONS = ("pretrain", "sft", "dpo", "reward", "ppo", "grpo")
-"""Training stages whose sections inherit the ``train`` defaults."""
+from llmpipe.config.section import Section
 
 BUDGET_KEYS = frozenset({"max_steps", "num_train_epochs", "steps_per_epoch"})
 """Train keys that only set how long a run lasts: raising them continues the same run."""

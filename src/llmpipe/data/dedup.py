@@ -46,8 +46,8 @@ from datasketch import MinHash, MinHashLSH
 from rbloom import Bloom
 
 from llmpipe.config import DedupParams
-from llmpipe.errors import UserError
-from llmpipe.io import atomic_file
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import atomic_file
 
 log = logging.getLogger(__name__)
 

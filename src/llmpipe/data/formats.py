@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llmpipe.errors import UserError
+from llmpipe.core.errors import UserError
 
 log = logging.getLogger(__name__)
 

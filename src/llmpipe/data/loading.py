@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmpipe.errors import UserError
-from llmpipe.io import read_jsonl
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import read_jsonl
 
 
 def load_split(path: Path, columns: tuple[str, ...], limit: int | None = None, optional: tuple[str, ...] = ()):

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import DataParams, HFRecordsParams, HFSourceParams
+from llmpipe.core.errors import UserError, root_cause
+from llmpipe.core.io import decode_line, read_jsonl
 from llmpipe.data import formats
 from llmpipe.data.corpus import Corpus
 from llmpipe.data.splits import split_by_key
-from llmpipe.errors import UserError, root_cause
-from llmpipe.io import decode_line, read_jsonl
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
 """File suffix → `datasets` loader. A .txt file is one document; the others hold one record per row (a .json file

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import DataParams
+from llmpipe.core.errors import UserError
 from llmpipe.data.corpus import Corpus
 from llmpipe.data.corrupt import preference_pairs
 from llmpipe.data.functions import Function, extract_functions
 from llmpipe.data.splits import SPLITS, split_by_key, subsample
-from llmpipe.errors import UserError
 
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})
 """Folders of the stdlib tree that are not part of the corpus (installed packages and test suites)."""

@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from llmpipe.config import DataParams, HFSourceParams
+from llmpipe.core.errors import UserError, root_cause
 from llmpipe.data.tokens import pack_ids
-from llmpipe.errors import UserError, root_cause
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from llmpipe.errors import UserError
-from llmpipe.io import atomic_dir, hash_paths, iter_jsonl, write_json
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import atomic_dir, hash_paths, iter_jsonl, write_json
 
 TOKENS_FILE = "tokens.bin"
 META_FILE = "meta.json"
@@ -104,7 +104,7 @@ def write_tokens(source: Path, dest: Path, tokenizer, tokenizer_dir: Path) -> di
 
     Raises:
         UserError: `source` is missing.
-        ValueError: A line of `source` is not UTF-8 JSON (`llmpipe.io.iter_jsonl`).
+        ValueError: A line of `source` is not UTF-8 JSON (`llmpipe.core.io.iter_jsonl`).
     """
     if not source.exists():
         raise UserError(f"{source}: missing; run the prepare stage first (dvc repro prepare)")

@@ -16,13 +16,11 @@ from typing import Any, NoReturn
 
 import yaml
 
-from llmpipe.errors import UserError
-from llmpipe.io import atomic_file
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import atomic_file
+from llmpipe.stages import REGISTRY
 
 log = logging.getLogger(__name__)
-
-ONE_PROCESS_TASKS = {"ppo": "its own Accelerate loop (llmpipe.rl) is single-process for now"}
-"""Training tasks that cannot run under a multi-process strategy yet, and why."""
 
 _EXPECTED_TYPE = {"none": ("NO",), "ddp": ("MULTI_GPU", "MULTI_CPU"), "fsdp": ("FSDP",), "deepspeed": ("DEEPSPEED",)}
 """Accelerate `DistributedType` names a rank may see for each strategy (DDP on CPU is MULTI_CPU over gloo)."""
@@ -85,9 +83,10 @@ def preflight(params, task: str) -> int:
 
     dist = params.distributed
     n = local_world_size(dist)
-    if task in ONE_PROCESS_TASKS and needs_launch(dist):
+    one_process = REGISTRY[task].one_process
+    if one_process and needs_launch(dist):
         raise UserError(
-            f"{task} runs in one process ({ONE_PROCESS_TASKS[task]}): run it with distributed.strategy: none and "
+            f"{task} runs in one process ({one_process}): run it with distributed.strategy: none and "
             "num_processes: 1 (e.g. dvc exp run -S distributed.strategy=none -S distributed.num_processes=1 "
             f"{task}), or stop a multi-process experiment before it (dvc exp run … dpo)"
         )

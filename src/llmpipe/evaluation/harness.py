@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import EvalParams
-from llmpipe.errors import UserError
+from llmpipe.core.errors import UserError
 from llmpipe.evaluation.tasks import LOCAL_TASKS
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def evaluate(
 
     Args:
         model_dir: A Hugging Face model directory (weights, config, tokenizer), checked by
-            `llmpipe.modeling.check_model_dir` first: lm-eval loads it with its own `from_pretrained`.
+            `llmpipe.models.check_model_dir` first: lm-eval loads it with its own `from_pretrained`.
         names: Task names `manager` knows.
         manager: From :func:`task_manager`.
         cfg: ``eval`` params: `limit` documents per task, `batch_size`, `max_length` in tokens.

@@ -25,7 +25,7 @@ def response_bits_per_byte(doc: dict[str, Any], results: list[tuple[float, bool]
 
 
 def generation_score(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
-    """Score one greedy completion of a `generate_until` task with :mod:`llmpipe.rewards`.
+    """Score one greedy completion of a `generate_until` task with :mod:`llmpipe.rl.rewards`.
 
     Args:
         doc: The rendered document: ``prompt`` (def line(s) + docstring) and ``name`` (requested function).
@@ -36,7 +36,7 @@ def generation_score(doc: dict[str, Any], results: list[str]) -> dict[str, float
         ``parses``: 1.0 when it parses; ``trivial``: 1.0 when it parses but the body does nothing;
         ``distinct``: the completion without surrounding whitespace, for :func:`distinct_share`.
     """
-    from llmpipe.rewards import defines_function, is_trivial_completion, python_parses
+    from llmpipe.rl.rewards import defines_function, is_trivial_completion, python_parses
 
     completion = results[0]
     return {

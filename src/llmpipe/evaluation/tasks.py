@@ -8,7 +8,7 @@ then runs them like any built-in task.
 Scoring follows lm-eval's request types (Gao et al., "A framework for few-shot language model evaluation"):
 ``loglikelihood_rolling`` for perplexity, ``loglikelihood`` (context, continuation) for response loss and
 ``multiple_choice`` (one loglikelihood per choice) for accuracy, and ``generate_until`` (greedy decoding up to
-the model's eos) for the generation task, scored by :mod:`llmpipe.rewards`. lm-eval moves trailing whitespace of a
+the model's eos) for the generation task, scored by :mod:`llmpipe.rl.rewards`. lm-eval moves trailing whitespace of a
 context into its continuation before tokenising, so the newline that closes a rendered prompt is scored as
 the first character of the answer; every choice of a task gets the same newline, which keeps them comparable.
 """
@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import read_jsonl, write_jsonl
 from llmpipe.data.corrupt import CORRUPTIONS
-from llmpipe.errors import UserError
-from llmpipe.io import read_jsonl, write_jsonl
 
 Row = dict[str, Any]
 

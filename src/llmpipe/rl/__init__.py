@@ -1,5 +1,2 @@
-"""Reinforcement learning for language models, written on plain torch: :mod:`llmpipe.rl.ppo` holds the PPO
-algorithm pieces (advantages, KL estimators, clipped losses, reward normalisation) as pure functions that the
-unit tests pin against hand-computed values; :mod:`llmpipe.rl.prompts` loads the prompts and streams their
-indices; :mod:`llmpipe.rl.ppo_trainer` composes the pieces into a PPO iteration on real models, which the
-`ppo` stage drives."""
+"""Reinforcement learning for language models: the reward functions PPO and GRPO score completions with
+(:mod:`.rewards`), the prompts both select (:mod:`.prompts`), and PPO on plain torch + Accelerate (:mod:`.ppo`)."""

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
+from llmpipe.core.errors import UserError
 from llmpipe.data.loading import load_split
-from llmpipe.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from llmpipe.config import Params
-from llmpipe.modeling import build_model, count_parameters, load_tokenizer, save_model
+from llmpipe.models import build_model, count_parameters, load_tokenizer, save_model
 
 
 def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:

@@ -4,19 +4,19 @@ with TRL's `DPOTrainer`; the SFT model is the frozen reference.
 TRL drops pairs whose prompt fills ``dpo.max_length`` and cuts the rest to it, so a rejected body that
 differs from the chosen one only after the cut becomes the same sequence: no preference left, no gradient.
 The stage counts both kinds per split, reports them in its metrics, and refuses to train when they are too
-many (`llmpipe.guards.preference_signal`).
+many (`llmpipe.train.guards.preference_signal`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
-from llmpipe.guards import check_same_tokenizer, preference_signal
-from llmpipe.modeling import load_model, load_tokenizer
-from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
+from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
+from llmpipe.train.checkpoints import ResumeRequest, open_run
+from llmpipe.train.guards import preference_signal
+from llmpipe.train.loop import tensorboard_callback, train_stage, training_kwargs
 
 COLUMNS = ("prompt", "chosen", "rejected")
 
@@ -47,12 +47,12 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
 
     Args:
         params: Validated params.
-        resume: The command line's resume choices (`llmpipe.checkpoints.open_run`).
+        resume: The command line's resume choices (`llmpipe.train.checkpoints.open_run`).
         trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
             (``--trust-remote-code``).
 
     Returns:
-        The metrics of :func:`llmpipe.training.train_stage`, ``eval_reward_accuracy`` and ``eval_reward_margin``,
+        The metrics of :func:`llmpipe.train.loop.train_stage`, ``eval_reward_accuracy`` and ``eval_reward_margin``,
         and per split (``_eval`` for validation) ``num_fully_truncated`` (pairs dropped: the prompt fills
         ``dpo.max_length``) and ``num_identical_pairs`` (chosen == rejected within ``dpo.max_length`` tokens).
 

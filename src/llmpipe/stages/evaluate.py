@@ -12,16 +12,16 @@ import tempfile
 from pathlib import Path
 
 from llmpipe.config import Params
-from llmpipe.errors import UserError
+from llmpipe.core.errors import UserError
 from llmpipe.evaluation import harness
 from llmpipe.evaluation.tasks import render_tasks
-from llmpipe.modeling import check_model_dir, load_tokenizer
+from llmpipe.models import check_model_dir, load_tokenizer
 
 log = logging.getLogger(__name__)
 
 
 def model_dir(params: Params, model: str, trust_remote_code: bool = False) -> Path:
-    """The directory of `model`, checked (`llmpipe.modeling.check_model_dir`: lm-eval loads it by path).
+    """The directory of `model`, checked (`llmpipe.models.check_model_dir`: lm-eval loads it by path).
 
     Raises:
         UserError: `model` is not in ``eval.models``, or its directory holds no model yet or is refused

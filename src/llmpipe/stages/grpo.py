@@ -1,5 +1,5 @@
 """`grpo` stage: Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath) of models/sft (or
-models/dpo) with TRL's `GRPOTrainer`, against the verifiable rewards of :mod:`llmpipe.rewards`.
+models/dpo) with TRL's `GRPOTrainer`, against the verifiable rewards of :mod:`llmpipe.rl.rewards`.
 
 The prompts are the user turns of the SFT data (a function's signature and docstring); a completion is the
 body the policy writes. For each prompt `num_generations` completions are sampled, scored by the weighted
@@ -16,13 +16,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
-from llmpipe.guards import check_same_tokenizer
-from llmpipe.modeling import load_model, load_tokenizer
-from llmpipe.rewards import trl_reward_functions
+from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
 from llmpipe.rl.prompts import load_prompts
-from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
+from llmpipe.rl.rewards import trl_reward_functions
+from llmpipe.train.checkpoints import ResumeRequest, open_run
+from llmpipe.train.loop import tensorboard_callback, train_stage, training_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +147,12 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     """Train models/<grpo.policy> with GRPO on the SFT prompts; save models/grpo.
 
     Returns:
-        The metrics of :func:`llmpipe.training.train_stage`, those of :func:`rl_metrics`, and ``eval_reward``
+        The metrics of :func:`llmpipe.train.loop.train_stage`, those of :func:`rl_metrics`, and ``eval_reward``
         (mean reward on the validation prompts at the end).
 
     Args:
         params: Validated params; reads ``paths``, ``grpo`` and ``distributed``.
-        resume: The command line's resume choices (`llmpipe.checkpoints.open_run`).
+        resume: The command line's resume choices (`llmpipe.train.checkpoints.open_run`).
         trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
             (``--trust-remote-code``).
 

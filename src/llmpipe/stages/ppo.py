@@ -1,5 +1,5 @@
 """`ppo` stage: PPO (Ouyang et al. 2022; Huang et al. 2024) of models/<policy> on the SFT prompts, with
-the algorithm of :mod:`llmpipe.rl.ppo` run on Accelerate (TRL ≥ 1.13 has no PPOTrainer).
+the algorithm of :mod:`llmpipe.rl.ppo.losses` run on Accelerate (TRL ≥ 1.13 has no PPOTrainer).
 
 Per PPO step: take the next prompts of a seeded permutation, sample completions (left-padded batched
 `generate`), score them with the reward model and/or the reward functions, compute log-probabilities
@@ -33,21 +33,27 @@ from typing import Any
 
 import torch
 
-from llmpipe.callbacks import kill_at_step, maybe_kill, write_ledger
-from llmpipe.checkpoints import PREFIX, ResumeRequest, newest_whole, open_run, rotate
 from llmpipe.config import Params, PPOParams
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import atomic_dir, write_json
 from llmpipe.data.tokens import PackedBlocks, token_blocks
 from llmpipe.distributed.launch import check_world
-from llmpipe.errors import UserError
-from llmpipe.guards import check_same_tokenizer
-from llmpipe.io import atomic_dir, write_json
-from llmpipe.modeling import check_model_dir, count_parameters, load_model, load_tokenizer, save_model
-from llmpipe.profiling import StepProfiler
-from llmpipe.rl.ppo import RunningMeanStd
-from llmpipe.rl.ppo_trainer import REWARD_MISSING, PPORun, load_value_model, prompts_per_step
+from llmpipe.models import (
+    check_model_dir,
+    check_same_tokenizer,
+    count_parameters,
+    load_model,
+    load_tokenizer,
+    save_model,
+)
+from llmpipe.rl.ppo.loop import REWARD_MISSING, PPORun, load_value_model, prompts_per_step
+from llmpipe.rl.ppo.losses import RunningMeanStd
 from llmpipe.rl.prompts import IndexStream, Prompts, load_prompts
-from llmpipe.throughput import peak_memory_gb, reset_peak_memory
-from llmpipe.training import resolve_precision, training_kwargs, write_plots
+from llmpipe.train.callbacks import kill_at_step, maybe_kill, write_ledger
+from llmpipe.train.checkpoints import PREFIX, ResumeRequest, newest_whole, open_run, rotate
+from llmpipe.train.loop import resolve_precision, training_kwargs, write_plots
+from llmpipe.train.profiling import StepProfiler
+from llmpipe.train.throughput import peak_memory_gb, reset_peak_memory
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +263,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
 
     Args:
         params: Validated params; reads ``paths``, ``ppo``, ``profile`` and ``distributed``.
-        resume: The command line's resume choices (`llmpipe.checkpoints.open_run`).
+        resume: The command line's resume choices (`llmpipe.train.checkpoints.open_run`).
         trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
             (``--trust-remote-code``).
 
@@ -271,7 +277,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     Raises:
         UserError: Missing or refused inputs, no prompt fits the token budget, a too long `max_length`, or a
             compiled setup (not supported by this stage yet; a multi-process one is refused before launch,
-            `llmpipe.distributed.launch.ONE_PROCESS_TASKS`).
+            its registry entry's ``one_process``).
     """
     from torch.utils.tensorboard import SummaryWriter
 

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import DataParams, DedupParams, Params
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import atomic_dir, write_json, write_jsonl
 from llmpipe.data.corpus import EVAL_SETS, Corpus, eval_sets
 from llmpipe.data.corrupt import CORRUPTIONS
 from llmpipe.data.dedup import COUNTERS, Deduplicator, from_params
 from llmpipe.data.splits import SPLITS
-from llmpipe.errors import UserError
-from llmpipe.io import atomic_dir, write_json, write_jsonl
 
 DATASETS = ("pretrain", "sft", "preference")
 """Folders with one ``<split>.jsonl`` per split."""

@@ -4,7 +4,7 @@ The `tokenize` stage has tokenized the documents once, joined with eos, into ``<
 stage memory-maps those ids and cuts them into blocks of ``max_length`` tokens (GPT-2 style packing), so no
 token is padding and a block is read from disk only when the data loader asks for it. With
 ``data.streaming`` the training text is read from its source and packed as it streams instead
-(`llmpipe.stream_trainer`); validation blocks still come from the token file. Trainer: the Hugging Face
+(`llmpipe.train.stream`); validation blocks still come from the token file. Trainer: the Hugging Face
 `Trainer` (as fast as a raw loop here, see STACK-FACTS, and it brings checkpoint/resume of optimizer,
 scheduler, RNG and data position).
 """
@@ -15,12 +15,12 @@ import logging
 import tempfile
 from pathlib import Path
 
-from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
+from llmpipe.core.errors import UserError
 from llmpipe.data.tokens import PackedBlocks, token_blocks
-from llmpipe.errors import UserError
-from llmpipe.modeling import build_model, count_parameters, load_tokenizer
-from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
+from llmpipe.models import build_model, count_parameters, load_tokenizer
+from llmpipe.train.checkpoints import ResumeRequest, open_run
+from llmpipe.train.loop import tensorboard_callback, train_stage, training_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
 
     Args:
         params: Validated params; reads ``paths``, ``model``, ``pretrain`` and ``distributed``.
-        resume: The command line's resume choices (`llmpipe.checkpoints.open_run`).
+        resume: The command line's resume choices (`llmpipe.train.checkpoints.open_run`).
         trust_remote_code: Load a tokenizer folder that maps to Python code (``--trust-remote-code``).
 
     Raises:
@@ -90,7 +90,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
         log.info("pretrain: %d train blocks, %d validation blocks of %d tokens", len(train), len(valid), cfg.max_length)
         trainer = make_trainer(params, model, train, valid, run.path, [tensorboard])
         return train_stage(trainer, params, "pretrain", run, tokenizer)
-    from llmpipe import stream_trainer
+    from llmpipe.train import stream as stream_trainer
 
     with tempfile.TemporaryDirectory(prefix="llmpipe-stream-") as scratch:
         stream = stream_trainer.open_stream(params, tokenizer, run, scratch)

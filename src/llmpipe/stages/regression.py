@@ -18,9 +18,9 @@ import torch
 from torch import Tensor, nn
 
 from llmpipe.config import Params, RegressionParams
+from llmpipe.core.errors import UserError
 from llmpipe.distributed.agreement import ranks_agree
 from llmpipe.distributed.launch import check_world
-from llmpipe.errors import UserError
 
 log = logging.getLogger(__name__)
 

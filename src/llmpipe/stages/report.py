@@ -14,13 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import Params
-from llmpipe.errors import UserError
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import atomic_file
 from llmpipe.evaluation.checks import Check, Metrics, run_checks
 from llmpipe.evaluation.tasks import LOCAL_TASKS
-from llmpipe.io import atomic_file
-
-STAGES = ("prepare", "tokenizer", "tokenize", "baseline", "pretrain", "sft", "dpo", "reward", "ppo", "grpo")
-"""Stages whose ``metrics/<stage>.json`` the report reads (missing files are skipped)."""
+from llmpipe.stages import METRICS_STAGES, REGISTRY
 
 TRAINING_COLUMNS = (
     "train_loss", "eval_loss", "steps", "tokens_per_s", "mfu", "peak_memory_gb", "world_size", "num_parameters"
@@ -148,8 +146,8 @@ def training_section(stage_metrics: dict[str, dict[str, Any]]) -> list[str]:
     return ["## Training", "", *table(["stage", *TRAINING_COLUMNS], rows), ""]
 
 
-RL_KL_UNITS = {"ppo": "nats per response", "grpo": "nats per token"}
-"""The RL stages and the unit of their ``kl_final``: our PPO sums the per-token KL over a response (the
+RL_KL_UNITS = {name: s.kl_unit for name, s in REGISTRY.items() if s.kl_unit}
+"""The RL stages and the unit of their ``kl_final`` (registry): our PPO sums the per-token KL over a response (the
 penalty it pays); TRL's GRPO logs the mean per token."""
 
 
@@ -217,7 +215,7 @@ def run(params: Params) -> dict[str, float]:
     """
     evals = eval_metrics(params)
     stage_metrics = {}
-    for stage in STAGES:
+    for stage in METRICS_STAGES:
         data = read_metrics(Path(params.paths.metrics, f"{stage}.json"))
         if data is not None:
             stage_metrics[stage] = data

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
-from llmpipe.guards import check_same_tokenizer, preference_signal
-from llmpipe.modeling import load_model, load_tokenizer
-from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
+from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
+from llmpipe.train.checkpoints import ResumeRequest, open_run
+from llmpipe.train.guards import preference_signal
+from llmpipe.train.loop import tensorboard_callback, train_stage, training_kwargs
 
 COLUMNS = ("prompt", "chosen", "rejected")
 
@@ -112,7 +112,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     A ``margin`` column in the preference data is passed to the loss when the first row has one.
 
     Returns:
-        The training metrics of :func:`llmpipe.training.train_stage`, plus those of :func:`pairwise_metrics` on the
+        The training metrics of :func:`llmpipe.train.loop.train_stage`, plus those of :func:`pairwise_metrics` on the
         held-out pairs of ``data/preference/test.jsonl``: ``accuracy``, ``accuracy_<corruption>`` (swap, truncate,
         syntax on the default data), ``mean_margin``, ``num_pairs``; and per split (``_eval`` for validation)
         ``num_too_long`` (pairs longer than ``reward.max_length``, left out by TRL) and ``num_identical_pairs``
@@ -120,7 +120,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
 
     Args:
         params: Validated params; reads ``paths``, ``reward`` and ``distributed``.
-        resume: The command line's resume choices (`llmpipe.checkpoints.open_run`).
+        resume: The command line's resume choices (`llmpipe.train.checkpoints.open_run`).
         trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
             (``--trust-remote-code``).
 

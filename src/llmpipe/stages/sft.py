@@ -3,8 +3,8 @@ the loss on assistant tokens only (the chat template's `{% generation %}` mask).
 
 A sample whose prompt fills ``sft.max_length`` keeps no assistant token, so no label: TRL leaves it out (or,
 with packing, packs it as dead weight) without a word. The stage counts them per split, reports the counts
-in its metrics, and refuses to train when they are too many (`llmpipe.guards.check_no_signal`) or when a batch
-has no label at all (`llmpipe.guards.MaskedBatchGuard`).
+in its metrics, and refuses to train when they are too many (`llmpipe.train.guards.check_no_signal`) or when a batch
+has no label at all (`llmpipe.train.guards.MaskedBatchGuard`).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from llmpipe.checkpoints import ResumeRequest, open_run
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
-from llmpipe.guards import MaskedBatchGuard, check_no_signal, check_same_tokenizer, count_fully_truncated
-from llmpipe.modeling import load_model, load_tokenizer
-from llmpipe.training import tensorboard_callback, train_stage, training_kwargs
+from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
+from llmpipe.train.checkpoints import ResumeRequest, open_run
+from llmpipe.train.guards import MaskedBatchGuard, check_no_signal, count_fully_truncated
+from llmpipe.train.loop import tensorboard_callback, train_stage, training_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +46,13 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
 
     Args:
         params: Validated params.
-        resume: The command line's resume choices (`llmpipe.checkpoints.open_run`); None resumes the newest
+        resume: The command line's resume choices (`llmpipe.train.checkpoints.open_run`); None resumes the newest
             whole checkpoint of the same run.
         trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code
             (``--trust-remote-code``).
 
     Returns:
-        The metrics of :func:`llmpipe.training.train_stage`, plus ``num_fully_truncated`` and
+        The metrics of :func:`llmpipe.train.loop.train_stage`, plus ``num_fully_truncated`` and
         ``num_fully_truncated_eval``: training / validation samples with no assistant token within
         ``sft.max_length`` tokens (left out of training by TRL).
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from llmpipe.config import Params
 from llmpipe.data.tokens import write_tokens
-from llmpipe.modeling import load_tokenizer
+from llmpipe.models import load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from llmpipe.config import Params
-from llmpipe.errors import UserError, root_cause
-from llmpipe.io import atomic_dir, read_jsonl
-from llmpipe.modeling import check_tokenizer_configs
+from llmpipe.core.errors import UserError, root_cause
+from llmpipe.core.io import atomic_dir, read_jsonl
+from llmpipe.models import check_tokenizer_configs
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The Trainer callbacks every training stage gets from `llmpipe.training.train_stage`: the batch ledger, the
+"""The Trainer callbacks every training stage gets from `llmpipe.train.loop.train_stage`: the batch ledger, the
 checkpoint rotation that keeps the best, the first-step log line, the NaN/inf guard, and fault injection for the
 resume tests (the PPO loop, which has no Trainer, uses the ledger digest and the fault injection directly)."""
 
@@ -15,9 +15,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from llmpipe.checkpoints import PREFIX, newest_whole, rotate
-from llmpipe.errors import UserError
-from llmpipe.io import atomic_file
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import atomic_file
+from llmpipe.train.checkpoints import PREFIX, newest_whole, rotate
 
 log = logging.getLogger(__name__)
 

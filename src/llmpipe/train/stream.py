@@ -19,12 +19,12 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from llmpipe.checkpoints import Run
 from llmpipe.config import Params
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import iter_jsonl
 from llmpipe.data import stream as streams
-from llmpipe.errors import UserError
-from llmpipe.io import iter_jsonl
-from llmpipe.training import training_kwargs
+from llmpipe.train.checkpoints import Run
+from llmpipe.train.loop import training_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,8 @@ def _deduplicator(params: Params, run: Run, rank: int):
     `seen_hashes_path` itself (a raised step budget) must restart each pass from the same index, not from one
     holding its own documents.
     """
+    from llmpipe.core.io import atomic_file
     from llmpipe.data.dedup import Deduplicator
-    from llmpipe.io import atomic_file
 
     base = run.path / f"dedup-base-rank{rank}.bin"
     if params.data.dedup.enabled and run.resume is not None and base.exists():

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import BUDGET_KEYS, Params
+from llmpipe.config.distributed import LAUNCH_KEYS
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import hash_paths, safetensors_problem, write_json
 from llmpipe.distributed.launch import is_main_process
-from llmpipe.distributed.params import LAUNCH_KEYS
-from llmpipe.errors import UserError
-from llmpipe.io import hash_paths, safetensors_problem, write_json
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
-def code_hash(package: Path = Path(__file__).parent) -> str:
+def code_hash(package: Path = Path(__file__).parents[1]) -> str:
     """SHA-256 over the relative names and bytes of the ``*.py`` files of the llmpipe package (bytecode left out).
 
     Part of a run's identity: when DVC reruns a training stage because its code changed, the stage must train

@@ -1,6 +1,6 @@
 """What every training stage shares: params → `TrainingArguments` (one mapping), the training run itself
-(resume: the run folder and checkpoint come from `llmpipe.checkpoints`; the Trainer callbacks it adds: from
-`llmpipe.callbacks`), per-step logs (CSV for `dvc plots`, TensorBoard), and the atomic save of the final model.
+(resume: the run folder and checkpoint come from `llmpipe.train.checkpoints`; the Trainer callbacks it adds: from
+`llmpipe.train.callbacks`), per-step logs (CSV for `dvc plots`, TensorBoard), and the atomic save of the final model.
 
 Training runs on the Hugging Face `Trainer` (TRL's trainers subclass it): it sits on Accelerate, so one
 CPU process, DDP, FSDP and DeepSpeed are the same code, and it checkpoints model, optimizer, scheduler,
@@ -15,7 +15,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from llmpipe.callbacks import (
+from llmpipe.config import Params, TrainParams
+from llmpipe.core.errors import UserError
+from llmpipe.core.io import atomic_file
+from llmpipe.distributed.agreement import ranks_agree
+from llmpipe.distributed.launch import check_world, is_main_process
+from llmpipe.models import count_parameters, save_model
+from llmpipe.stages import REGISTRY
+from llmpipe.train.callbacks import (
     BatchLedger,
     FirstStepLog,
     KillAtStep,
@@ -24,15 +31,9 @@ from llmpipe.callbacks import (
     kill_at_step,
     write_ledger,
 )
-from llmpipe.checkpoints import Run
-from llmpipe.config import Params, TrainParams
-from llmpipe.distributed.agreement import ranks_agree
-from llmpipe.distributed.launch import check_world, is_main_process
-from llmpipe.errors import UserError
-from llmpipe.io import atomic_file
-from llmpipe.modeling import count_parameters, save_model
-from llmpipe.profiling import ProfilerCallback
-from llmpipe.throughput import ThroughputCallback, peak_memory_gb
+from llmpipe.train.checkpoints import Run
+from llmpipe.train.profiling import ProfilerCallback
+from llmpipe.train.throughput import ThroughputCallback, peak_memory_gb
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +71,12 @@ def resolve_precision(precision: str) -> tuple[bool, bool]:
     return (precision == "bf16" or supported), False
 
 
-BEST_METRIC: dict[str | None, tuple[str, bool]] = {None: ("eval_loss", False), "grpo": ("eval_reward", True)}
-"""Per stage, the validation metric whose best checkpoint is kept besides the last `save_total_limit`, and whether
-higher is better (GRPO's loss is not a quality measure: its validation reward is; PPO, our own loop, keeps the
-best `eval_reward` the same way)."""
-
-
 def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, Any]:
     """The `TrainingArguments` keywords of a stage: the one place our params reach the HF Trainer.
 
     Args:
         params: Validated params.
-        stage: A training stage section name (one of `config.STAGE_SECTIONS`).
+        stage: A training stage section name (one of `llmpipe.stages.TRAINING_TASKS`).
         output_dir: The run's checkpoint folder.
 
     Returns:
@@ -90,6 +85,7 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
     import torch
 
     t: TrainParams = params.stage(stage)
+    best_metric, greater_is_better = REGISTRY[stage].best_metric
     bf16, fp16 = resolve_precision(t.precision)
     return {
         "output_dir": str(output_dir),
@@ -116,8 +112,8 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
         "save_strategy": "steps",
         "save_steps": t.save_steps,
         "save_total_limit": None,  # RotateCheckpoints keeps t.save_total_limit plus the best
-        "metric_for_best_model": BEST_METRIC.get(stage, BEST_METRIC[None])[0],
-        "greater_is_better": BEST_METRIC.get(stage, BEST_METRIC[None])[1],
+        "metric_for_best_model": best_metric,
+        "greater_is_better": greater_is_better,
         "dataloader_num_workers": t.dataloader_num_workers,
         "activation_checkpointing": params.distributed.gradient_checkpointing,
         "torch_compile": params.distributed.torch_compile,

@@ -5,27 +5,20 @@ Each failure here trains or evaluates without any crash, and shows only as a num
 - a sample whose prompt fills ``max_length`` keeps no completion token, so no label (TRL drops it from SFT and
   DPO without a word; a batch of only such samples has a loss of 0/0): :func:`count_fully_truncated`,
   :func:`check_no_signal`, :class:`MaskedBatchGuard`;
-- a pad token equal to eos (collators that mask padding by id mask the eos too, and the model never learns
-  to stop), or none at all: :func:`check_pad_token`;
-- a stage's input model trained with another tokenizer or chat template than ``paths.tokenizer``:
-  :func:`check_same_tokenizer`;
 - preference pairs whose chosen and rejected sequences are the same tokens after truncation (no preference
   left to learn): :func:`count_identical_pairs`.
 
-NaN/inf losses are caught by `llmpipe.callbacks.NonFiniteLossGuard` (Trainer stages) and in the ppo stage's loop;
+A pad token equal to eos and an input model trained with another tokenizer are refused where models and
+tokenizers load (`llmpipe.models`). NaN/inf losses are caught by `llmpipe.train.callbacks.NonFiniteLossGuard` (Trainer stages) and in the ppo stage's loop;
 lm-eval's silent truncation of long inputs is counted by `llmpipe.evaluation.counting`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import Any
 
-from llmpipe.errors import UserError
+from llmpipe.core.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -39,106 +32,6 @@ only their share of the data, so below the limit the stage trains and warns with
 the run would learn nothing: ``max_length`` is far below the data's lengths, a misconfiguration to fix, not
 to train through. Validation splits are small (``max_eval_samples``), so for them only "every sample" is an
 error (the validation loss would be undefined or meaningless)."""
-
-PROBE = "def f(x):\n    return x  # héllo, wörld 🙂 \t<s> </s>"
-"""Text encoded by both tokenizers of :func:`check_same_tokenizer`: code, non-ASCII and special-token text."""
-
-
-def check_pad_token(tokenizer, path: str | Path) -> None:
-    """Refuse a tokenizer with no pad token, or whose pad token is its eos token.
-
-    With pad == eos, collators that mask padding by id (transformers' `DataCollatorForLanguageModeling`,
-    generation padding) mask every eos too: the model never sees the end of a turn as a target and never
-    learns to stop, and nothing fails.
-
-    Args:
-        tokenizer: A loaded tokenizer.
-        path: Where it was loaded from (named in the message).
-
-    Raises:
-        UserError: No pad token, no eos token, or pad id == eos id; names `path` and the fix.
-    """
-    fix = ("give it a distinct pad token: rebuild it with the tokenizer stage (dvc repro tokenizer), which adds "
-           "'<pad>' to a tokenizer that has none or shares it with eos")
-    if tokenizer.eos_token_id is None:
-        raise UserError(f"{path}: the tokenizer has no eos token; training needs one to end each sequence; "
-                        "rebuild it with the tokenizer stage (dvc repro tokenizer)")
-    if tokenizer.pad_token_id is None:
-        raise UserError(f"{path}: the tokenizer has no pad token, so batches cannot be padded; {fix}")
-    if tokenizer.pad_token_id == tokenizer.eos_token_id:
-        raise UserError(
-            f"{path}: the pad token is the eos token ({tokenizer.eos_token!r}, id {tokenizer.eos_token_id}): padding "
-            f"is masked out of the labels, so the eos would be too and the model would never learn to stop; {fix}"
-        )
-
-
-def _sha(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
-
-
-def tokenizer_digest(tokenizer) -> dict[str, str]:
-    """Short hashes of what makes two tokenizers encode alike, one per part.
-
-    Returns:
-        ``vocab`` (the backend's model — vocabulary and merges — normalizer, pre-tokenizer and added tokens;
-        for a tokenizer without a `tokenizers` backend, its vocabulary), ``special_tokens`` (bos/eos/pad/unk
-        text and ids), ``chat_template``, and ``probe``: the ids of :data:`PROBE` encoded plain and as a
-        user + assistant chat.
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        state = json.loads(backend.to_str())
-        vocab = {k: state.get(k) for k in ("model", "normalizer", "pre_tokenizer", "added_tokens")}
-    else:
-        vocab = sorted(tokenizer.get_vocab().items())
-    special = {f"{k}_token": [getattr(tokenizer, f"{k}_token"), getattr(tokenizer, f"{k}_token_id")]
-               for k in ("bos", "eos", "pad", "unk")}
-    probe: list[Any] = [tokenizer(PROBE, add_special_tokens=False)["input_ids"]]
-    if tokenizer.chat_template:
-        chat = [{"role": "user", "content": PROBE}, {"role": "assistant", "content": PROBE}]
-        probe.append(tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"])
-    return {"vocab": _sha(vocab), "special_tokens": _sha(special), "chat_template": _sha(tokenizer.chat_template),
-            "probe": _sha(probe)}
-
-
-def check_same_tokenizer(model_dir: str | Path, tokenizer, tokenizer_dir: str | Path) -> None:
-    """Refuse a stage's input model whose tokenizer or chat template is not the pipeline's.
-
-    Every stage saves its tokenizer beside its model (`modeling.save_model`), so a model directory says which
-    tokenizer it was trained with. A model from before a tokenizer change reads the same ids as other text
-    (or renders chats in another format) and trains on without an error. A directory without tokenizer files
-    is checked only for an embedding large enough for the pipeline's vocabulary.
-
-    Args:
-        model_dir: The input model directory (e.g. ``models/sft``).
-        tokenizer: The pipeline tokenizer, loaded from `tokenizer_dir`.
-        tokenizer_dir: ``paths.tokenizer``.
-
-    Raises:
-        UserError: The two differ (the message names both paths, the parts that differ — vocab,
-            special_tokens, chat_template, probe — and the fix), or the model's ``vocab_size`` is smaller than
-            the tokenizer's.
-    """
-    from transformers import AutoTokenizer
-
-    model_dir = Path(model_dir)
-    fix = (f"rerun the stages after the tokenizer (dvc repro), or point paths.tokenizer at the tokenizer "
-           f"{model_dir} was trained with")
-    config = model_dir / "config.json"
-    vocab_size = json.loads(config.read_text()).get("vocab_size") if config.exists() else None
-    if vocab_size is not None and vocab_size < len(tokenizer):
-        raise UserError(f"{model_dir} has {vocab_size} embedding rows but {tokenizer_dir} has {len(tokenizer)} "
-                        f"tokens: the model was trained with another tokenizer; {fix}")
-    if not (model_dir / "tokenizer_config.json").exists():
-        log.warning("%s: no tokenizer saved beside the model; cannot check it matches %s", model_dir, tokenizer_dir)
-        return
-    own = tokenizer_digest(AutoTokenizer.from_pretrained(model_dir))
-    ours = tokenizer_digest(tokenizer)
-    differ = [k for k in ours if own[k] != ours[k]]
-    if differ:
-        raise UserError(f"{model_dir} and {tokenizer_dir} are different tokenizers (they differ in: "
-                        f"{', '.join(differ)}): {model_dir} was trained with another tokenizer or chat template; {fix}")
-
 
 def count_fully_truncated(conversations: Iterable[list[dict]], tokenizer, max_length: int | None,
                           assistant_only_loss: bool) -> int:

@@ -1,6 +1,6 @@
 """The PPO iteration on real models (Ouyang et al. 2022; Huang et al. 2024): :class:`PPORun` samples a
 rollout batch, scores it, computes log-probabilities, values and advantages, and makes the clipped updates,
-composing the pure maths of :mod:`llmpipe.rl.ppo` on an Accelerate `Accelerator`; with the model helpers it
+composing the pure maths of :mod:`llmpipe.rl.ppo.losses` on an Accelerate `Accelerator`; with the model helpers it
 needs (the value/reward model loader, left-padding-aware positions, backbone hidden states, response logits).
 
 The `ppo` stage (:mod:`llmpipe.stages.ppo`) builds a :class:`PPORun`, drives its steps, logs and checkpoints.
@@ -18,13 +18,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from llmpipe.callbacks import batch_digest
 from llmpipe.config import PPOParams
+from llmpipe.core.errors import UserError
 from llmpipe.data.tokens import PackedBlocks
-from llmpipe.errors import UserError
-from llmpipe.modeling import load_pretrained
-from llmpipe.rewards import compute_rewards
-from llmpipe.rl.ppo import (
+from llmpipe.models import load_pretrained
+from llmpipe.rl.ppo.losses import (
     KL_ESTIMATORS,
     RunningMeanStd,
     entropy_from_logits,
@@ -38,6 +36,8 @@ from llmpipe.rl.ppo import (
     whiten,
 )
 from llmpipe.rl.prompts import IndexStream, Prompts
+from llmpipe.rl.rewards import compute_rewards
+from llmpipe.train.callbacks import batch_digest
 
 
 def prompts_per_step(cfg: PPOParams) -> int:
@@ -53,7 +53,7 @@ def load_value_model(path: Path, trust_remote_code: bool = False):
 
     Args:
         path: The reward model folder.
-        trust_remote_code: Let pickled weights or ``auto_map`` code load (see `llmpipe.modeling`).
+        trust_remote_code: Let pickled weights or ``auto_map`` code load (see `llmpipe.models`).
 
     Raises:
         UserError: The folder is missing or refused, or the model has more than one label or no `score` head.

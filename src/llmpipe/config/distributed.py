@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from llmpipe.section import Section
+from llmpipe.config.section import Section
 
 Offload = Literal["none", "cpu", "nvme"]
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from llmpipe.errors import UserError
+from llmpipe.core.errors import UserError
 
 
 def _umask() -> int:

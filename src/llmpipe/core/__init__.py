@@ -1,0 +1,1 @@
+"""What every layer uses and nothing heavy: user errors, atomic file writes, content hashes (no torch or HF imports)."""
