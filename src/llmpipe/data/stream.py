@@ -82,7 +82,7 @@ def open_source(key: str, source: HFSourceParams, cache_dir: str) -> OpenedSourc
     """
     from datasets import load_dataset_builder
 
-    from llmpipe.data.sources import FORMATS
+    from llmpipe.data.files import FORMATS
 
     path = Path(source.dataset_name)
     kwargs: dict[str, Any] = {}
