@@ -73,7 +73,7 @@ def _load_all(data: DataParams) -> _Loaded:
     num_empty = 0
     with tempfile.TemporaryDirectory(prefix="llmpipe-datasets-") as cache:
         if data.streaming:  # pretrain streams the source; prepare keeps a sample for the tokenizer and held-out splits
-            from llmpipe.data.stream import sample
+            from llmpipe.data.stream.mixture import sample
 
             docs = sample(data, data.stream.sample_documents, cache)
             hub_texts += [d["text"] for d in docs]
