@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from llmpipe import presets
+from llmpipe.data import presets
 from llmpipe.section import Section
 
 
