@@ -86,7 +86,8 @@ def child(corpus: Path, tokenizer: Path, dedup: str) -> dict:
     from transformers import AutoTokenizer
 
     from llmpipe.config import DataParams
-    from llmpipe.data import stream as streams
+    from llmpipe.data.stream import packing
+    from llmpipe.data.stream.filter import deduplicator
 
     start = time.perf_counter()
     data = DataParams(source="hf", streaming=True, hf={"dataset_name": str(corpus)},
@@ -94,8 +95,8 @@ def child(corpus: Path, tokenizer: Path, dedup: str) -> dict:
                              "exact": {"near": False}, "near": {}}[dedup])
     tok = AutoTokenizer.from_pretrained(tokenizer)
     with tempfile.TemporaryDirectory() as scratch:
-        dedup_obj = streams.deduplicator(data, references=[])
-        stream = streams.build(data, tok, 1024, 0, 1, scratch, dedup_obj)
+        dedup_obj = deduplicator(data, references=[])
+        stream = packing.build(data, tok, 1024, 0, 1, scratch, dedup_obj)
         loader = torch.utils.data.DataLoader(stream, batch_size=16, num_workers=0)
         first = None
         for _ in loader:

@@ -22,7 +22,9 @@ import pytest
 from llmpipe.config import HFPreferenceParams, HFSFTParams, ParamsError, parse_params
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import read_jsonl
-from llmpipe.data import formats, sources
+from llmpipe.data import formats
+from llmpipe.data.hub import hub_records
+from llmpipe.data.local import local_records
 from llmpipe.stages import prepare
 
 
@@ -90,9 +92,9 @@ def read(kind: str, fmt: str, records: list[dict[str, Any]], root: Path, shape: 
     cache = str(root / "cache")
     if fmt == "hub":
         hub = HFSFTParams if kind == "sft" else HFPreferenceParams
-        loaded, _ = sources.hub_records(hub(dataset_name=str(path), format=shape), kind, cache)
+        loaded, _ = hub_records(hub(dataset_name=str(path), format=shape), kind, cache)
     else:
-        loaded, _ = sources.local_records(str(path), kind, shape, cache)
+        loaded, _ = local_records(str(path), kind, shape, cache)
     return (formats.sft_rows if kind == "sft" else formats.preference_rows)(loaded)
 
 
@@ -334,7 +336,7 @@ def test_unreadable_json_and_csv_files_name_the_line(name, text, message, tmp_pa
     path = tmp_path / name
     path.write_bytes(text.encode("latin-1"))
     with pytest.raises(UserError, match=message):
-        sources.local_records(str(path), "sft", "auto", str(tmp_path / "cache"))
+        local_records(str(path), "sft", "auto", str(tmp_path / "cache"))
 
 
 # --- the chat template on roles beyond system/user/assistant -------------------------------------------------

@@ -18,7 +18,8 @@ import yaml
 
 from llmpipe.config import load_params
 from llmpipe.core.errors import UserError
-from llmpipe.data import stream as streams
+from llmpipe.data.stream import packing
+from llmpipe.data.stream.filter import deduplicator
 from llmpipe.models import load_tokenizer
 from llmpipe.train.callbacks import batch_digest
 
@@ -84,8 +85,8 @@ def _take(stream, n: int) -> list[list[int]]:
 
 def _stream(params, root: Path, rank: int = 0, world: int = 1):
     tok = load_tokenizer(root / params.paths.tokenizer)
-    dedup = streams.deduplicator(params.data, [])
-    return streams.build(params.data, tok, params.pretrain.max_length, rank, world, str(root / "scratch"), dedup)
+    dedup = deduplicator(params.data, [])
+    return packing.build(params.data, tok, params.pretrain.max_length, rank, world, str(root / "scratch"), dedup)
 
 
 def test_the_cursor_resumes_token_for_token_twice_through_a_mixture(streamdir, monkeypatch):
@@ -251,8 +252,8 @@ def _batch_digests(root: Path, rank: int, world: int, steps: int, batch: int) ->
         held_out = [json.loads(line)["text"] for split in ("validation", "test")
                     for line in Path("data", "pretrain", f"{split}.jsonl").read_text().splitlines()]
         tok = load_tokenizer(params.paths.tokenizer)
-        blocks = iter(streams.build(params.data, tok, params.pretrain.max_length, rank, world, "scratch",
-                                    streams.deduplicator(params.data, held_out)))
+        blocks = iter(packing.build(params.data, tok, params.pretrain.max_length, rank, world, "scratch",
+                                    deduplicator(params.data, held_out)))
         rows = []
         for _ in range(steps):
             items = [next(blocks) for _ in range(batch)]
@@ -269,7 +270,7 @@ def _batch_digests(root: Path, rank: int, world: int, steps: int, batch: int) ->
 
 def test_list_presets_prints_each_hub_address(capsys):
     from llmpipe.cli import main
-    from llmpipe.presets import PRESETS
+    from llmpipe.data.presets import PRESETS
 
     assert main(["--list-presets"]) == 0
     out = capsys.readouterr().out

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.list_presets:
-        from llmpipe.presets import listing
+        from llmpipe.data.presets import listing
 
         print(listing())
         return 0

@@ -22,7 +22,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from llmpipe.config import Params
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import iter_jsonl
-from llmpipe.data import stream as streams
+from llmpipe.data.stream import packing
+from llmpipe.data.stream.filter import deduplicator
 from llmpipe.train.checkpoints import Run
 from llmpipe.train.loop import training_kwargs
 
@@ -36,7 +37,7 @@ def _rank_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def open_stream(params: Params, tokenizer, run: Run, scratch: str) -> streams.PackedStream:
+def open_stream(params: Params, tokenizer, run: Run, scratch: str) -> packing.PackedStream:
     """This rank's pretraining stream, put back at `run.resume`'s cursor when the run resumes.
 
     Raises:
@@ -45,7 +46,7 @@ def open_stream(params: Params, tokenizer, run: Run, scratch: str) -> streams.Pa
     """
     rank, world = _rank_world()
     dedup = _deduplicator(params, run, rank)
-    stream = streams.build(params.data, tokenizer, params.pretrain.max_length, rank, world, scratch, dedup)
+    stream = packing.build(params.data, tokenizer, params.pretrain.max_length, rank, world, scratch, dedup)
     if run.resume is not None:
         state = json.loads((run.resume / "trainer_state.json").read_text())
         cursors = (state.get("stateful_callbacks") or {}).get(KEY)
@@ -73,14 +74,14 @@ def _deduplicator(params: Params, run: Run, rank: int):
         return Deduplicator.from_state(base.read_bytes(), params.data.dedup)
     held_out = (row["text"] for split in ("validation", "test")
                 for row in iter_jsonl(Path(params.paths.data, "pretrain", f"{split}.jsonl")))
-    dedup = streams.deduplicator(params.data, held_out)
+    dedup = deduplicator(params.data, held_out)
     if dedup is not None:
         with atomic_file(base, "wb") as fh:
             fh.write(dedup.state())
     return dedup
 
 
-def save_seen(params: Params, stream: streams.PackedStream) -> None:
+def save_seen(params: Params, stream: packing.PackedStream) -> None:
     """Write what the stream admitted to `data.dedup.seen_hashes_path` (rank 0's part in a multi-process run:
     each rank deduplicates the documents it reads), so a later run does not re-admit it."""
     path = params.data.dedup.seen_hashes_path
@@ -101,7 +102,7 @@ class _StreamTrainer(Trainer):
 class StreamCursor(TrainerCallback):
     """At each step that will save, put every rank's cursor into the trainer state the checkpoint writes."""
 
-    def __init__(self, stream: streams.PackedStream, blocks_per_step: int) -> None:
+    def __init__(self, stream: packing.PackedStream, blocks_per_step: int) -> None:
         self._stream, self._blocks_per_step = stream, blocks_per_step
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -118,7 +119,7 @@ class StreamCursor(TrainerCallback):
         state.stateful_callbacks[KEY] = {"ranks": cursors}
 
 
-def make_trainer(params: Params, model, stream: streams.PackedStream, valid, run_dir: Path, callbacks=()) -> Trainer:
+def make_trainer(params: Params, model, stream: packing.PackedStream, valid, run_dir: Path, callbacks=()) -> Trainer:
     """The pretrain stage's Trainer over a stream: `training_kwargs` of ``pretrain`` with ``ignore_data_skip``
     (the stream resumes at its cursor, nothing is skipped by replay) and the cursor callback.
 
@@ -146,7 +147,7 @@ def make_trainer(params: Params, model, stream: streams.PackedStream, valid, run
     )
 
 
-def counts(stream: streams.PackedStream) -> dict[str, float]:
+def counts(stream: packing.PackedStream) -> dict[str, float]:
     """Rank 0's stream counts for metrics/pretrain.json, prefixed ``stream_`` (documents admitted, dropped by
     reason, tokens read)."""
     return {f"stream_{k}": v for k, v in stream.filters.counts.items()}
