@@ -209,7 +209,7 @@ import json, sys
 from pathlib import Path
 from transformers import Trainer, TrainingArguments
 from llmpipe.config import load_params
-from llmpipe.train.loop import training_kwargs
+from llmpipe.train.arguments import training_kwargs
 
 class Indexed:  # stands in for PackedBlocks: item i is block i
     def __len__(self): return 32

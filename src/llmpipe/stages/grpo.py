@@ -20,8 +20,9 @@ from llmpipe.config import Params
 from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
 from llmpipe.rl.prompts import load_prompts
 from llmpipe.rl.rewards import trl_reward_functions
+from llmpipe.train.arguments import training_kwargs
 from llmpipe.train.checkpoints import ResumeRequest, open_run
-from llmpipe.train.loop import tensorboard_callback, train_stage, training_kwargs
+from llmpipe.train.loop import tensorboard_callback, train_stage
 
 log = logging.getLogger(__name__)
 

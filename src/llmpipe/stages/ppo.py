@@ -49,9 +49,10 @@ from llmpipe.models import (
 from llmpipe.rl.ppo.loop import REWARD_MISSING, PPORun, load_value_model, prompts_per_step
 from llmpipe.rl.ppo.losses import RunningMeanStd
 from llmpipe.rl.prompts import IndexStream, Prompts, load_prompts
+from llmpipe.train.arguments import resolve_precision, training_kwargs
 from llmpipe.train.callbacks import kill_at_step, maybe_kill, write_ledger
 from llmpipe.train.checkpoints import PREFIX, ResumeRequest, newest_whole, open_run, rotate
-from llmpipe.train.loop import resolve_precision, training_kwargs, write_plots
+from llmpipe.train.loop import write_plots
 from llmpipe.train.profiling import StepProfiler
 from llmpipe.train.throughput import peak_memory_gb, reset_peak_memory
 

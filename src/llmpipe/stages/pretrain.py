@@ -19,8 +19,9 @@ from llmpipe.config import Params
 from llmpipe.core.errors import UserError
 from llmpipe.data.tokens import PackedBlocks, token_blocks
 from llmpipe.models import build_model, count_parameters, load_tokenizer
+from llmpipe.train.arguments import training_kwargs
 from llmpipe.train.checkpoints import ResumeRequest, open_run
-from llmpipe.train.loop import tensorboard_callback, train_stage, training_kwargs
+from llmpipe.train.loop import tensorboard_callback, train_stage
 
 log = logging.getLogger(__name__)
 

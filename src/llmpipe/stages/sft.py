@@ -15,9 +15,10 @@ from pathlib import Path
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
 from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
+from llmpipe.train.arguments import training_kwargs
 from llmpipe.train.checkpoints import ResumeRequest, open_run
 from llmpipe.train.guards import MaskedBatchGuard, check_no_signal, count_fully_truncated
-from llmpipe.train.loop import tensorboard_callback, train_stage, training_kwargs
+from llmpipe.train.loop import tensorboard_callback, train_stage
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from llmpipe.core.errors import UserError
 from llmpipe.core.io import iter_jsonl
 from llmpipe.data.stream import packing
 from llmpipe.data.stream.filter import deduplicator
+from llmpipe.train.arguments import training_kwargs
 from llmpipe.train.checkpoints import Run
-from llmpipe.train.loop import training_kwargs
 
 log = logging.getLogger(__name__)
 
