@@ -1,5 +1,6 @@
 # `make run`: set up .venv when missing, then run the whole DAG (dvc repro) on the embedded default data.
 # `make test`: same set-up, then the whole test suite, slow end-to-end tests included (.ci/run calls this).
+# `make smoke`: same set-up, then the whole DAG on configs/tiny.yaml in a scratch repo .smoke/ (minutes).
 VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.installed-stamp
@@ -11,7 +12,7 @@ export HF_DATASETS_OFFLINE := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-fast clean-outputs
+.PHONY: install run smoke test test-fast clean-outputs
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +25,10 @@ install: $(STAMP)
 
 run: install
 	dvc repro
+
+# The workspace's own outputs (data/, models/, dvc.lock, …) are left as they are.
+smoke: install
+	python scripts/smoke.py
 
 test: install
 	pytest

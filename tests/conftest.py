@@ -18,32 +18,8 @@ from llmpipe import stages
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Tiny but real: a 2-layer Llama on a 1k BPE, a few steps per stage, the real stdlib corpus.
-TINY_PARAMS = """\
-data:
-  num_eval_examples: 24
-  stdlib: {max_sft_pairs: 400, max_preference_pairs: 200}
-tokenizer: {vocab_size: 1024}
-model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
-        intermediate_size: 128, max_position_embeddings: 256}
-train: {max_steps: 12, per_device_train_batch_size: 4, per_device_eval_batch_size: 8, logging_steps: 4,
-        eval_steps: 6, save_steps: 6, max_eval_samples: 8, max_length: 128, warmup_steps: 2}
-pretrain: {max_steps: 12, per_device_train_batch_size: 4}
-sft: {max_steps: 12, per_device_train_batch_size: 4}
-reward: {max_steps: 12, per_device_train_batch_size: 4, eval_steps: 6, save_steps: 6, warmup_steps: 2, lr: 0.001}
-dpo: {max_steps: 12, per_device_train_batch_size: 4, warmup_steps: 2, lr: 0.0001, beta: 0.1}
-ppo: {max_steps: 4, per_device_train_batch_size: 4, num_mini_batches: 2, num_ppo_epochs: 2, warmup_steps: 0,
-      lr: 0.0001, logging_steps: 2, eval_steps: 4, save_steps: 2, max_eval_samples: 8, num_samples: 64,
-      rewards: [{name: parsable_prefix, weight: 1.0}], generation: {max_new_tokens: 16}}
-# grpo: a random model's completions are only short enough to parse sometimes (and so get rewards that differ
-# within a group, the only source of gradient) when they are a few tokens long; what parses in 3 tokens is mostly
-# `pass`-like, which only python_parses pays for.
-grpo: {max_steps: 4, per_device_train_batch_size: 4, per_device_eval_batch_size: 4, num_generations: 4, lr: 0.001,
-       warmup_steps: 1, logging_steps: 1, eval_steps: 4, save_steps: 2, max_eval_samples: 2,
-       generation: {max_new_tokens: 3}, rewards: [{name: python_parses, weight: 1.0}]}
-# Three of the six evaluate@ items: the matrix is one code path, and each item costs a DAG run ~20 s.
-eval: {models: [sft, dpo, ppo], limit: 8, batch_size: 8, max_length: 128}
-"""
+# Tiny but real (a 2-layer Llama, a few steps per stage): the overrides `make smoke` runs, as YAML text.
+TINY_PARAMS = (ROOT / "configs" / "tiny.yaml").read_text()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, deep_merge
 from pydantic import BaseModel
 
 from llmpipe.config import ParamsError, load_params, parse_params
@@ -18,6 +18,16 @@ def test_shipped_params_validate():
     params = load_params(ROOT / "params.yaml")
     assert params.sft.lr != params.train.lr, "sft overrides lr in the shipped file"
     assert params.pretrain.weight_decay == 0.1
+
+
+def test_shipped_tiny_config_validates_over_the_shipped_params():
+    """configs/tiny.yaml (`make smoke`, TINY_PARAMS) merged over params.yaml as make_pipeline_repo does."""
+    shipped = yaml.safe_load((ROOT / "params.yaml").read_text())
+    tiny = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    params = parse_params(deep_merge(shipped, tiny))
+    assert params.model.num_hidden_layers == tiny["model"]["num_hidden_layers"]
+    assert params.pretrain.max_steps == tiny["pretrain"]["max_steps"]
+    assert params.eval.models == tiny["eval"]["models"]
 
 
 def test_train_lr_sets_the_pretraining_lr_of_the_shipped_file():
