@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from llmpipe import stages
+from llmpipe.orchestration import scratch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,18 +89,6 @@ def offline_env() -> dict[str, str]:
     return env
 
 
-# What a temporary pipeline repo holds: the DAG, the code its stages run, and the Prefect flows.
-REPO_FILES = ("src", "flows", "dvc.yaml", "prefect.yaml", ".gitignore")
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    """`base` with `over` merged in, recursively for mappings present in both."""
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = deep_merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
-    return out
-
-
 def sh(repo: Path, env: dict[str, str], *cmd: str) -> str:
     """Run `cmd` in `repo`; assert it succeeds; return stdout + stderr."""
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
@@ -114,22 +103,8 @@ def stages_run(output: str) -> set[str]:
 
 def make_pipeline_repo(dest: Path, env: dict[str, str], params_overrides: str = TINY_PARAMS) -> Path:
     """A git + DVC repo at `dest` with this project's DAG, code and flows, and the shipped params.yaml with
-    `params_overrides` (YAML) merged in; everything committed once."""
-    for name in REPO_FILES:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        elif src.exists():
-            shutil.copy(src, dest / name)
-    shipped = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params = deep_merge(shipped, yaml.safe_load(params_overrides))
-    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    sh(dest, env, "git", "init", "-q")
-    sh(dest, env, "dvc", "init", "-q")
-    sh(dest, env, "dvc", "config", "core.analytics", "false")
-    sh(dest, env, "git", "add", "-A")
-    sh(dest, env, "git", "commit", "-qm", "init")
-    return dest
+    `params_overrides` (YAML) merged in; everything committed once (`llmpipe.orchestration.scratch`)."""
+    return scratch.make_pipeline_repo(ROOT, dest, yaml.safe_load(params_overrides), env)
 
 
 @pytest.fixture(scope="module")

@@ -33,13 +33,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import ROOT, TINY_PARAMS, deep_merge
+from conftest import ROOT, TINY_PARAMS
 
 from llmpipe import stages
 from llmpipe.cli import main
 from llmpipe.config import DedupParams
 from llmpipe.core.errors import UserError
 from llmpipe.data.dedup import Deduplicator
+from llmpipe.orchestration.scratch import deep_merge
 
 # TINY_PARAMS with users' own small data and a model small enough to save in milliseconds.
 BASE: dict[str, Any] = deep_merge(

@@ -8,10 +8,11 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT, deep_merge
+from conftest import ROOT
 from pydantic import BaseModel
 
 from llmpipe.config import ParamsError, load_params, parse_params
+from llmpipe.orchestration.scratch import deep_merge
 
 
 def test_shipped_params_validate():

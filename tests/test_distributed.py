@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import deep_merge, kill_after_first_checkpoint
+from conftest import kill_after_first_checkpoint
 
 from llmpipe.config import ParamsError, parse_params
 from llmpipe.distributed import launch
+from llmpipe.orchestration.scratch import deep_merge
 
 # Every FSDP and DeepSpeed option away from its default, one combination per row.
 VALID = [
