@@ -261,8 +261,9 @@ def test_ppo_stops_at_a_nan_loss_before_its_update_and_its_checkpoint(in_root, t
     backward pass, leave the policy as it was and write no checkpoint-3."""
     from torch.utils.tensorboard import SummaryWriter
 
+    from llmpipe.rl.ppo import loop
+    from llmpipe.rl.ppo.build import build
     from llmpipe.rl.prompts import load_prompts
-    from llmpipe.stages import ppo
 
     params = make_params(tmp_path, ppo={
         "max_steps": 3, "save_steps": 1, "eval_steps": 100, "num_ppo_epochs": 1, "max_eval_samples": 2,
@@ -271,17 +272,17 @@ def test_ppo_stops_at_a_nan_loss_before_its_update_and_its_checkpoint(in_root, t
     train = load_prompts(Path("data/sft/train.jsonl"), tok, 60, None, "ppo.max_length")
     valid = load_prompts(Path("data/sft/validation.jsonl"), tok, 60, 2, "ppo.max_length")
     run_dir = tmp_path / "run"
-    run, _ = ppo._build(params, tok, train, valid, None, run_dir)
+    run, _ = build(params, tok, train, valid, None, run_dir)
     state = {"step": 0, "history": [], "log_history": []}
     board = SummaryWriter(log_dir=str(tmp_path / "tb"))
-    ppo._train(run, state, 2, run_dir, board, None)
+    loop.train(run, state, 2, run_dir, board, None)
 
     with torch.no_grad():
         run.value_model.score.weight.fill_(math.nan)
     policy = {k: v.clone() for k, v in run.policy.state_dict().items()}
     with pytest.raises(UserError, match=rf"ppo: loss nan, policy_loss nan, value_loss nan at step 3; .*newest kept: "
                                         rf"{run_dir / 'checkpoint-2'}\)"):
-        ppo._train(run, state, 3, run_dir, board, None)
+        loop.train(run, state, 3, run_dir, board, None)
     board.close()
     assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     assert all(torch.equal(v, policy[k]) for k, v in run.policy.state_dict().items()), "the NaN step was applied"

@@ -18,6 +18,7 @@ from typing import Any
 
 from llmpipe.config import Params
 from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
+from llmpipe.rl.progress import first_last_tenths
 from llmpipe.rl.prompts import load_prompts
 from llmpipe.rl.rewards import trl_reward_functions
 from llmpipe.train.arguments import training_kwargs
@@ -87,22 +88,6 @@ def prompt_dataset(path: Path, tokenizer, max_length: int, limit: int | None = N
     return Dataset.from_dict({"prompt": prompts.turns, "name": prompts.names})
 
 
-def _tenths(values: list[float]) -> tuple[float, float, float, float]:
-    """Mean and standard error of the first and of the last 10% of `values` (at least one value each).
-
-    Returns:
-        ``(first_mean, first_se, last_mean, last_se)``; a standard error is nan when its tenth holds one value
-        (:func:`rl_metrics` then leaves it out, and the report's reward-gain check is skipped).
-    """
-    n = max(1, math.ceil(len(values) / 10))
-
-    def mean_se(xs: list[float]) -> tuple[float, float]:
-        se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
-        return statistics.fmean(xs), se
-
-    return (*mean_se(values[:n]), *mean_se(values[-n:]))
-
-
 def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
     """Learning-progress figures of a GRPO run from the trainer's logged training steps.
 
@@ -122,20 +107,20 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
     rows = [r for r in log_history if "reward" in r]
     if not rows:
         return {}
-    first, first_se, last, last_se = _tenths([r["reward"] for r in rows])
-    lengths = _tenths([r["completions/mean_length"] for r in rows])
+    first, first_se, last, last_se = first_last_tenths([r["reward"] for r in rows])
+    lengths = first_last_tenths([r["completions/mean_length"] for r in rows])
     metrics = {
         "reward_first": first,
         "reward_first_se": first_se,
         "reward_last": last,
         "reward_last_se": last_se,
-        "response_length_first": lengths[0],
-        "response_length_last": lengths[2],
+        "response_length_first": lengths.first,
+        "response_length_last": lengths.last,
         "frac_zero_std_groups": statistics.fmean(r["frac_reward_zero_std"] for r in rows),
     }
     kls = [r["kl"] for r in rows if r.get("kl") is not None]
     if kls:
-        metrics["kl_final"] = _tenths(kls)[2]
+        metrics["kl_final"] = first_last_tenths(kls).last
     return {k: round(v, 5) for k, v in metrics.items() if math.isfinite(v)}  # DVC metrics must be numbers
 
 

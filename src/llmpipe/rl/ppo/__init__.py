@@ -1,2 +1,4 @@
-"""PPO on Accelerate (TRL ≥ 1.13 has no PPOTrainer): the losses and estimators (:mod:`.losses`) and the iteration
-that rolls out, scores and updates (:mod:`.loop`)."""
+"""PPO on Accelerate (TRL ≥ 1.13 has no PPOTrainer), all of it: the losses and estimators (:mod:`.losses`), the
+rollout that samples, scores and computes advantages (:mod:`.rollout`), the run assembled on an `Accelerator`
+(:mod:`.build`), and the iteration that updates, logs, checkpoints, resumes and summarises (:mod:`.loop`). The
+`ppo` stage (:mod:`llmpipe.stages.ppo`) only loads the inputs and drives these."""

@@ -1,16 +1,25 @@
-"""The PPO iteration on real models (Ouyang et al. 2022; Huang et al. 2024): :class:`PPORun` samples a
-rollout batch, scores it, computes log-probabilities, values and advantages, and makes the clipped updates,
-composing the pure maths of :mod:`llmpipe.rl.ppo.losses` on an Accelerate `Accelerator`; with the model helpers it
-needs (the value/reward model loader, left-padding-aware positions, backbone hidden states, response logits).
+"""The PPO iteration on real models (Ouyang et al. 2022; Huang et al. 2024) and the run around it.
 
-The `ppo` stage (:mod:`llmpipe.stages.ppo`) builds a :class:`PPORun`, drives its steps, logs and checkpoints.
+Per PPO step (:meth:`PPORun.step`): take the next prompts of a seeded permutation, make the rollout of
+:class:`llmpipe.rl.ppo.rollout.Rollout` (sample, score, log-probabilities, values, GAE advantages), then make
+`num_ppo_epochs` passes of `num_mini_batches` optimizer steps over the batch with the clipped losses of
+:mod:`llmpipe.rl.ppo.losses`. :func:`train` runs the steps with logging, evaluation and checkpoints,
+:func:`resume` restarts from a checkpoint, and :func:`summary` gives the run's metrics.
+
+Checkpoints (``checkpoints/ppo/<fingerprint>/checkpoint-<step>/``) hold what `Accelerator.save_state`
+saves (both models, optimizer, scheduler, RNG states) plus ``trainer_state.json``: the running reward
+statistics and the prompt (and ptx block) positions, the per-step history with each step's prompt indices, and
+the log records. Those small states are JSON rather than objects registered with Accelerate, which would
+unpickle them on load (`weights_only=False`). A restarted run resumes the newest and sees exactly the prompts
+an uninterrupted run would.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,24 +29,19 @@ from torch import Tensor
 
 from llmpipe.config import PPOParams
 from llmpipe.core.errors import UserError
+from llmpipe.core.io import atomic_dir, write_json
 from llmpipe.data.tokens import PackedBlocks
-from llmpipe.models import load_pretrained
-from llmpipe.rl.ppo.losses import (
-    KL_ESTIMATORS,
-    RunningMeanStd,
-    entropy_from_logits,
-    gae,
-    logprobs_from_logits,
-    masked_mean,
-    policy_loss,
-    shape_scores,
-    token_rewards,
-    value_loss,
-    whiten,
-)
-from llmpipe.rl.prompts import IndexStream, Prompts
-from llmpipe.rl.rewards import compute_rewards
-from llmpipe.train.callbacks import batch_digest
+from llmpipe.models import count_parameters
+from llmpipe.rl.ppo.losses import logprobs_from_logits, policy_loss, value_loss
+from llmpipe.rl.ppo.rollout import Rollout, chunks, hidden_states, response_logits
+from llmpipe.rl.progress import first_last_tenths, tenth
+from llmpipe.rl.prompts import IndexStream
+from llmpipe.train.callbacks import batch_digest, kill_at_step, maybe_kill
+from llmpipe.train.checkpoints import PREFIX, newest_whole, rotate
+from llmpipe.train.profiling import StepProfiler
+from llmpipe.train.throughput import peak_memory_gb
+
+log = logging.getLogger(__name__)
 
 
 def prompts_per_step(cfg: PPOParams) -> int:
@@ -45,86 +49,23 @@ def prompts_per_step(cfg: PPOParams) -> int:
     return cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.num_mini_batches
 
 
-REWARD_MISSING = "run the reward stage first (dvc repro reward)"
-
-
-def load_value_model(path: Path, trust_remote_code: bool = False):
-    """A one-label `AutoModelForSequenceClassification` with a `score` head (what the reward stage saves).
-
-    Args:
-        path: The reward model folder.
-        trust_remote_code: Let pickled weights or ``auto_map`` code load (see `llmpipe.models`).
-
-    Raises:
-        UserError: The folder is missing or refused, or the model has more than one label or no `score` head.
-    """
-    from transformers import AutoModelForSequenceClassification
-
-    model = load_pretrained(AutoModelForSequenceClassification, path, REWARD_MISSING, trust_remote_code)
-    if model.config.num_labels != 1 or not hasattr(model, "score"):
-        raise UserError(f"{path}: expected a one-label sequence-classification model with a `score` head")
-    return model
-
-
-def position_ids(attention_mask: Tensor) -> Tensor:
-    """Positions that skip left padding, as `generate` computes them: ``(B, L)``."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def hidden_states(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """Last hidden states ``(B, L, H)`` of a sequence-classification model's backbone."""
-    backbone = getattr(model, model.base_model_prefix)
-    out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
-    return out.last_hidden_state
-
-
-def response_logits(policy, input_ids: Tensor, attention_mask: Tensor, response_len: int, temperature: float):
-    """Logits ``(B, R, V)`` that predicted each of the last `response_len` tokens, divided by `temperature`."""
-    out = policy(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids(attention_mask),
-        logits_to_keep=response_len + 1,
-    )
-    return out.logits[:, :-1].float() / temperature
+LOG_COLUMNS = (
+    "step", "epoch", "loss", "reward", "reward_std", "kl", "entropy", "policy_loss", "value_loss", "ptx_loss",
+    "clip_fraction", "value_clip_fraction", "approx_kl", "response_length", "eos_fraction", "tokens_per_s",
+    "learning_rate", "grad_norm",
+)  # fmt: skip
+"""Columns of ``logs/ppo/train.csv`` (means over the `logging_steps` window); ``tokens_per_s`` is generated tokens
+per second of generation. Each log line also gets ``peak_memory_gb`` (`throughput.peak_memory_gb`, so far)."""
 
 
 @dataclass
-class Batch:
-    """Prompts with sampled completions: ``L = P + R`` tokens, prompt left-padded, response right-padded."""
+class PPORun(Rollout):
+    """Everything one PPO run holds: the rollout's models and prompts plus the optimizer, the schedule and the
+    prompt (and ptx block) streams; :meth:`step` is one PPO iteration."""
 
-    input_ids: Tensor  # (B, L)
-    attention_mask: Tensor  # (B, L)
-    mask: Tensor  # (B, R) 1 on response tokens up to and including the first eos
-    contains_eos: Tensor  # (B,) bool
-    completions: list[str]  # decoded responses without special tokens
-
-    @property
-    def response_len(self) -> int:
-        return self.mask.shape[1]
-
-    @property
-    def responses(self) -> Tensor:
-        return self.input_ids[:, -self.response_len :]
-
-
-@dataclass
-class PPORun:
-    """Everything one PPO run holds; :meth:`step` is one PPO iteration."""
-
-    cfg: PPOParams
-    accelerator: Any
-    tokenizer: Any
-    policy: Any
-    ref_policy: Any
-    value_model: Any
-    reward_model: Any | None
     optimizer: Any
     scheduler: Any
-    train: Prompts
-    valid: Prompts
     stream: IndexStream
-    running: RunningMeanStd
     ptx_blocks: PackedBlocks | None = None
     ptx_stream: IndexStream | None = None
 
@@ -150,122 +91,6 @@ class PPORun:
     def rollout_batch_size(self) -> int:
         """Prompts per PPO step."""
         return prompts_per_step(self.cfg)
-
-    @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]]) -> Batch:
-        """Sample one completion per prompt with the `generation` params (left-padded, one batch)."""
-        from transformers import GenerationConfig
-
-        g, tok = self.cfg.generation, self.tokenizer
-        device = self.accelerator.device
-        longest = max(len(p) for p in prompt_ids)
-        ids = torch.tensor([[tok.pad_token_id] * (longest - len(p)) + p for p in prompt_ids], device=device)
-        prompt_mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
-        config = GenerationConfig(
-            do_sample=True,
-            max_new_tokens=g.max_new_tokens,
-            temperature=g.temperature,
-            top_p=g.top_p,
-            top_k=g.top_k,
-            min_p=g.min_p,
-            repetition_penalty=g.repetition_penalty,
-            suppress_tokens=g.suppress_tokens or None,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            use_cache=True,
-        )
-        policy = self.accelerator.unwrap_model(self.policy)
-        policy.eval()
-        out = policy.generate(input_ids=ids, attention_mask=prompt_mask, generation_config=config)
-        policy.train()
-        responses = out[:, longest:]
-        is_eos = responses == tok.eos_token_id
-        contains_eos = is_eos.any(1)
-        steps = torch.arange(responses.shape[1], device=device)
-        length = torch.where(contains_eos, is_eos.int().argmax(1) + 1, responses.shape[1])
-        mask = (steps[None, :] < length[:, None]).long()
-        responses = responses.masked_fill(mask == 0, tok.pad_token_id)
-        return Batch(
-            input_ids=torch.cat([ids, responses], 1),
-            attention_mask=torch.cat([prompt_mask, mask], 1),
-            mask=mask,
-            contains_eos=contains_eos,
-            completions=tok.batch_decode(responses, skip_special_tokens=True),
-        )
-
-    @torch.no_grad()
-    def score(self, batch: Batch, texts: list[str], names: list[str]) -> Tensor:
-        """Raw sequence scores ``(B,)``: the reward model's score of the last real token, plus the weighted
-        reward functions of the plain prompt and the completion."""
-        scores = torch.zeros(len(texts), device=self.accelerator.device)
-        if self.reward_model is not None:
-            hidden = hidden_states(self.reward_model, batch.input_ids, batch.attention_mask)
-            last = batch.input_ids.shape[1] - batch.response_len + batch.mask.sum(1) - 1
-            scores += self.reward_model.score(hidden[torch.arange(len(texts)), last]).squeeze(-1).float()
-        if self.cfg.rewards:
-            scores += compute_rewards(self.cfg.rewards, texts, batch.completions, names).to(scores.device)
-        return scores
-
-    def _chunks(self, n: int, size: int) -> list[slice]:
-        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-    @torch.no_grad()
-    def rollout(self, indices: list[int]) -> tuple[dict[str, Tensor], dict[str, float]]:
-        """Generate, score and evaluate the rollout batch of prompts `indices`.
-
-        Returns:
-            The tensors the update needs (``input_ids``, ``attention_mask``, ``mask``, ``logprobs``,
-            ``values``, ``advantages``, ``returns``; ``(B, ·)``) and the step's rollout statistics.
-        """
-        cfg, acc = self.cfg, self.accelerator
-        start = time.perf_counter()
-        batch = self.generate([self.train.ids[i] for i in indices])
-        generation_s = time.perf_counter() - start
-        with acc.autocast():
-            raw = self.score(batch, [self.train.texts[i] for i in indices], [self.train.names[i] for i in indices])
-            parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "entropy": [], "values": []}
-            for s in self._chunks(len(indices), cfg.per_device_train_batch_size):
-                ids, am = batch.input_ids[s], batch.attention_mask[s]
-                logits = response_logits(self.policy, ids, am, batch.response_len, cfg.generation.temperature)
-                parts["logprobs"].append(logprobs_from_logits(logits, batch.responses[s]))
-                parts["entropy"].append(entropy_from_logits(logits))
-                ref_logits = response_logits(self.ref_policy, ids, am, batch.response_len, cfg.generation.temperature)
-                parts["ref_logprobs"].append(logprobs_from_logits(ref_logits, batch.responses[s]))
-                hidden = hidden_states(self.value_model, ids, am)[:, -batch.response_len - 1 : -1]
-                parts["values"].append(self.value_model.score(hidden).squeeze(-1).float())
-        logp, ref_logp, entropy, values = (
-            torch.cat(parts[k]) for k in ("logprobs", "ref_logprobs", "entropy", "values")
-        )
-        mask = batch.mask
-        kl = KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp) * mask
-        method = cfg.normalize_method if cfg.normalize_rewards else "none"
-        scores = shape_scores(raw, batch.contains_eos, method, self.running, cfg.reward_clip, cfg.missing_eos_penalty)
-        rewards = token_rewards(scores, kl, mask, cfg.kl_coef)
-        if cfg.whiten_rewards:
-            rewards = whiten(rewards, mask, shift_mean=False)
-        advantages, returns = gae(rewards, values * mask, mask, cfg.gamma, cfg.lam)
-        if cfg.whiten_advantages:
-            advantages = whiten(advantages, mask)
-        lengths = mask.sum(1).float()
-        stats = {
-            "reward": raw.mean().item(),
-            "reward_std": raw.std(unbiased=False).item(),
-            "kl": kl.sum(1).mean().item(),
-            "entropy": masked_mean(entropy, mask).item(),
-            "response_length": lengths.mean().item(),
-            "eos_fraction": batch.contains_eos.float().mean().item(),
-            "tokens_per_s": lengths.sum().item() / max(generation_s, 1e-9),
-        }
-        tensors = {
-            "input_ids": batch.input_ids,
-            "attention_mask": batch.attention_mask,
-            "mask": mask,
-            "logprobs": logp,
-            "values": values * mask,
-            "advantages": advantages,
-            "returns": returns,
-        }
-        return tensors, stats
 
     def _micro_losses(self, data: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
         cfg = self.cfg
@@ -304,8 +129,8 @@ class PPORun:
         norms = []
         for _ in range(cfg.num_ppo_epochs):
             order = torch.randperm(self.rollout_batch_size, device=acc.device)
-            for mini in self._chunks(self.rollout_batch_size, self.mini_batch_size):
-                for micro in self._chunks(self.mini_batch_size, cfg.per_device_train_batch_size):
+            for mini in chunks(self.rollout_batch_size, self.mini_batch_size):
+                for micro in chunks(self.mini_batch_size, cfg.per_device_train_batch_size):
                     rows = order[mini][micro]
                     with acc.autocast():
                         losses = self._micro_losses(data, rows)
@@ -341,27 +166,137 @@ class PPORun:
         stats["sha"] = digest.hexdigest()[:16]
         return stats
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Mean raw score and response length on the validation prompts (sampled with a fixed seed, so the
-        training RNG stream is untouched)."""
-        cfg = self.cfg
-        scores, lengths = [], []
-        devices = [self.accelerator.device.index or 0] if self.accelerator.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), self.accelerator.autocast():
-            torch.manual_seed(cfg.seed)
-            for s in self._chunks(len(self.valid.ids), cfg.per_device_eval_batch_size):
-                batch = self.generate(self.valid.ids[s])
-                scores.append(self.score(batch, self.valid.texts[s], self.valid.names[s]))
-                lengths.append(batch.mask.sum(1).float())
-        return {
-            "eval_reward": torch.cat(scores).mean().item(),
-            "eval_response_length": torch.cat(lengths).mean().item(),
-        }
-
 
 def _raise_if_not_finite(values: dict[str, float]) -> None:
     """Raise FloatingPointError naming every entry of `values` (losses, gradient norms) that is NaN or inf."""
     bad = [f"{k} {v}" for k, v in values.items() if not math.isfinite(v)]
     if bad:
         raise FloatingPointError(", ".join(bad))
+
+
+def _window_record(history: list[dict[str, Any]], step: int, steps_per_epoch: float) -> dict[str, Any]:
+    """One ``train.csv`` line: the means of the `LOG_COLUMNS` over the steps of `history` (the logging window)."""
+    keys = [k for k in LOG_COLUMNS if k in history[-1] and k != "step"]
+    record = {k: sum(r[k] for r in history) / len(history) for k in keys}
+    return {"step": step, "epoch": round(step / steps_per_epoch, 4), **record}
+
+
+def save_checkpoint(run: PPORun, run_dir: Path, state: dict[str, Any], keep: int) -> None:
+    """Write ``checkpoint-<step>`` through a temp folder and a rename; keep the last `keep` checkpoints and the
+    one of the best validation reward so far (``state["best_step"]``)."""
+    path = run_dir / f"checkpoint-{state['step']}"
+    with atomic_dir(path) as tmp:
+        run.accelerator.save_state(str(tmp))
+        write_json(tmp / "trainer_state.json", {**state, "positions": run.positions()})
+    best = state.get("best_step")
+    rotate(run_dir, keep, [path, run_dir / f"{PREFIX}{best}" if best else None])
+
+
+def train(
+    run: PPORun, state: dict[str, Any], total_steps: int, run_dir: Path, tensorboard, profiler: StepProfiler | None
+) -> None:
+    """PPO steps from ``state["step"]`` to `total_steps`: log every `logging_steps` (window means), evaluate
+    every `eval_steps`, checkpoint every `save_steps`, and all three at the last step; step `profiler` (if any)
+    after every PPO step.
+
+    Raises:
+        UserError: A loss or gradient norm turned NaN/inf (names the step; no checkpoint of that step is written).
+    """
+    cfg = run.cfg
+    steps_per_epoch = len(run.train.ids) / run.rollout_batch_size
+    kill_at = kill_at_step()
+    while state["step"] < total_steps:
+        try:
+            state["history"].append(run.step())
+        except FloatingPointError as err:
+            fp32 = ", try ppo.precision: fp32" if run.accelerator.mixed_precision != "no" else ""
+            raise UserError(
+                f"ppo: {err} at step {state['step'] + 1}; stopped before applying it, and no checkpoint of that step "
+                f"is written (newest kept: {newest_whole(run_dir) or 'none'}); lower ppo.lr, keep "
+                f"ppo.max_grad_norm > 0{fp32}, or check models/reward (it scores the completions and the value model "
+                "starts from it)"
+            ) from None
+        state["step"] += 1
+        maybe_kill(state["step"], kill_at)
+        if profiler is not None:
+            profiler.step()
+        step = state["step"]
+        records = []
+        if step % cfg.logging_steps == 0 or step == total_steps:
+            window = (step - 1) % cfg.logging_steps + 1  # steps since the last log line
+            record = _window_record(state["history"][-window:], step, steps_per_epoch)
+            records.append({**record, "peak_memory_gb": round(peak_memory_gb(run.accelerator.device), 4)})
+        if step % cfg.eval_steps == 0 or step == total_steps:
+            records.append({"step": step, "epoch": round(step / steps_per_epoch, 4), **run.evaluate()})
+            if records[-1]["eval_reward"] > state.get("best_eval_reward", -math.inf):
+                state["best_step"], state["best_eval_reward"] = step, records[-1]["eval_reward"]
+        for record in records:
+            state["log_history"].append(record)
+            values = {k: v for k, v in record.items() if k not in ("step", "epoch")}
+            log.info("ppo step %d/%d: %s", step, total_steps, ", ".join(f"{k} {v:.4g}" for k, v in values.items()))
+            for k, v in values.items():
+                tensorboard.add_scalar(f"{'eval' if k.startswith('eval_') else 'train'}/{k}", v, step)
+        if step % cfg.save_steps == 0 or step == total_steps:
+            save_checkpoint(run, run_dir, state, cfg.save_total_limit)
+
+
+def resume(run: PPORun, checkpoint: Path | None, run_dir: Path) -> dict[str, Any]:
+    """The training state to start from: a fresh one, or that of `checkpoint` (its models, optimizer, schedule,
+    RNG states and prompt positions loaded into `run`).
+
+    Args:
+        run: The built run.
+        checkpoint: The checkpoint to resume (`llmpipe.train.checkpoints.open_run`'s choice), or None.
+        run_dir: The run's checkpoint folder (named in the log).
+
+    Returns:
+        ``step``, ``history`` (one entry per PPO step), ``log_history`` (the log records) and, once evaluated,
+        ``best_step``/``best_eval_reward``; :func:`train` advances it.
+    """
+    if not checkpoint:
+        log.info("ppo: fresh run in %s", run_dir)
+        return {"step": 0, "history": [], "log_history": []}
+    run.accelerator.load_state(str(checkpoint))
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    run.load_positions(state.pop("positions"))
+    log.info("ppo: resuming from %s (step %d)", checkpoint, state["step"])
+    return state
+
+
+def summary(run: PPORun, state: dict[str, Any], resumed_step: int) -> dict[str, float]:
+    """The `ppo` stage's metrics (``metrics/ppo.json``) of a finished run.
+
+    Args:
+        run: The trained run.
+        state: The training state after :func:`train`.
+        resumed_step: The step the run resumed from (0 for a fresh run).
+
+    Returns:
+        ``reward_first``/``reward_last`` (mean raw score over the first/last 10% of steps, pooled over every
+        sequence of those steps: :func:`llmpipe.rl.progress.first_last_tenths`) with their standard errors
+        ``*_se``, ``kl_final`` (summed per-token KL to the reference, last step), ``response_length_first``
+        / ``_last`` (tokens), ``eval_reward`` (validation prompts, final policy), ``steps``, ``tokens_per_s``
+        (generated tokens per second of generation, mean over logged windows), ``peak_memory_gb`` (this process,
+        `throughput.peak_memory_gb`), ``resumed_from_step`` (0 for a fresh run), ``num_parameters`` (policy).
+    """
+    history = state["history"]
+    k = tenth(len(history))
+    means, stds = [r["reward"] for r in history], [r["reward_std"] for r in history]
+    rewards = first_last_tenths(means, stds, group_size=run.rollout_batch_size)  # pooled over every sequence
+    evals = [r for r in state["log_history"] if "eval_reward" in r]
+    rates = [r["tokens_per_s"] for r in state["log_history"] if "tokens_per_s" in r]
+    return {
+        "reward_first": round(rewards.first, 5),
+        "reward_first_se": round(rewards.first_se, 5),
+        "reward_last": round(rewards.last, 5),
+        "reward_last_se": round(rewards.last_se, 5),
+        "kl_final": round(history[-1]["kl"], 5),
+        "response_length_first": round(sum(r["response_length"] for r in history[:k]) / k, 3),
+        "response_length_last": round(sum(r["response_length"] for r in history[-k:]) / k, 3),
+        "eval_reward": round(evals[-1]["eval_reward"], 5),
+        "steps": state["step"],
+        "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else 0.0,
+        "peak_memory_gb": round(peak_memory_gb(run.accelerator.device), 4),
+        "resumed_from_step": resumed_step,
+        "num_parameters": count_parameters(run.policy),
+    }

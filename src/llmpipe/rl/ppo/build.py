@@ -1,0 +1,139 @@
+"""A PPO run assembled on an `Accelerator`: policy and frozen reference from models/<policy>, value and reward
+models from models/reward, one optimizer and schedule.
+
+The value model and the reward model are one-label `AutoModelForSequenceClassification` models from
+models/reward, whose backbone and `score` head run on every position (a value per token; the reward is the score
+of the last real token). One optimizer holds policy and value parameters, as in TRL's PPOTrainer: the models
+share no parameters, so the one loss ``pg + vf_coef * vf`` gives each its own gradient, and one optimizer means
+one state and one schedule to checkpoint; gradients are clipped per model, so a large value gradient never
+shrinks the policy's step.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from llmpipe.config import Params, PPOParams
+from llmpipe.core.errors import UserError
+from llmpipe.data.tokens import PackedBlocks
+from llmpipe.distributed.launch import check_world
+from llmpipe.models import check_same_tokenizer, load_model, load_pretrained
+from llmpipe.rl.ppo.loop import PPORun, prompts_per_step
+from llmpipe.rl.ppo.losses import RunningMeanStd
+from llmpipe.rl.prompts import IndexStream, Prompts
+from llmpipe.train.arguments import resolve_precision, training_kwargs
+
+REWARD_MISSING = "run the reward stage first (dvc repro reward)"
+
+
+def load_value_model(path: Path, trust_remote_code: bool = False):
+    """A one-label `AutoModelForSequenceClassification` with a `score` head (what the reward stage saves).
+
+    Args:
+        path: The reward model folder.
+        trust_remote_code: Let pickled weights or ``auto_map`` code load (see `llmpipe.models`).
+
+    Raises:
+        UserError: The folder is missing or refused, or the model has more than one label or no `score` head.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    model = load_pretrained(AutoModelForSequenceClassification, path, REWARD_MISSING, trust_remote_code)
+    if model.config.num_labels != 1 or not hasattr(model, "score"):
+        raise UserError(f"{path}: expected a one-label sequence-classification model with a `score` head")
+    return model
+
+
+def make_optimizer(params: Params, run_dir: Path, models: list) -> torch.optim.Optimizer:
+    """The `train.optim` optimizer over both models (HF Trainer's mapping of our params); weight decay on
+    matrices and embeddings only (parameters of 2+ dimensions), as in GPT-2/nanoGPT."""
+    from transformers import Trainer, TrainingArguments
+
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(TrainingArguments(**training_kwargs(params, "ppo", run_dir)))
+    weights = [p for m in models for p in m.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in weights if p.ndim >= 2], "weight_decay": params.ppo.weight_decay},
+        {"params": [p for p in weights if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return cls(groups, **kwargs)
+
+
+def total_steps(cfg: PPOParams, num_prompts: int) -> int:
+    """`max_steps`, or as many PPO steps as `num_train_epochs` passes over the prompts take."""
+    if cfg.max_steps > 0:
+        return cfg.max_steps
+    return max(1, math.ceil(cfg.num_train_epochs * num_prompts / prompts_per_step(cfg)))
+
+
+def build(
+    params: Params,
+    tokenizer,
+    train: Prompts,
+    valid: Prompts,
+    ptx: PackedBlocks | None,
+    run_dir: Path,
+    trust_remote_code: bool = False,
+) -> tuple[PPORun, int]:
+    """Models, optimizer and schedule on an `Accelerator`, and the checkpointed state objects registered.
+
+    Args:
+        params: Validated params.
+        tokenizer: The pipeline tokenizer.
+        train: Training prompts.
+        valid: Validation prompts.
+        ptx: Pretraining blocks for the ptx loss (None when ``ppo.ptx_coef`` is 0).
+        run_dir: The run's checkpoint folder.
+        trust_remote_code: Let model folders with pickled weights or ``auto_map`` code load.
+
+    Returns:
+        The run and its number of PPO steps.
+
+    Raises:
+        UserError: A model is missing or was trained with another tokenizer than ``paths.tokenizer``, or
+            ``ppo.max_length`` exceeds the policy's context.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from transformers import get_scheduler
+
+    cfg, paths = params.ppo, params.paths
+    set_seed(cfg.seed)
+    policy_dir = Path(paths.models, cfg.policy)
+    missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
+    policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code)
+    ref_policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code)
+    if cfg.max_length > policy.config.max_position_embeddings:
+        raise UserError(
+            f"ppo.max_length ({cfg.max_length}) exceeds the max_position_embeddings of {policy_dir} "
+            f"({policy.config.max_position_embeddings}); lower it"
+        )
+    value_model = load_value_model(Path(paths.models, "reward"), trust_remote_code)
+    for model_dir in (policy_dir, Path(paths.models, "reward")):
+        check_same_tokenizer(model_dir, tokenizer, paths.tokenizer)
+    reward_model = load_value_model(Path(paths.models, "reward"), trust_remote_code) if cfg.reward_model else None
+    if params.distributed.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+        value_model.gradient_checkpointing_enable()
+    optimizer = make_optimizer(params, run_dir, [policy, value_model])  # before the Accelerator: it resets its state
+    num_steps = total_steps(cfg, len(train.ids))
+    scheduler = get_scheduler(cfg.lr_scheduler_type, optimizer, cfg.warmup_steps, num_steps)
+
+    bf16, fp16 = resolve_precision(cfg.precision)
+    mixed_precision = "bf16" if bf16 else "fp16" if fp16 else "no"
+    accelerator = Accelerator(mixed_precision=mixed_precision, cpu=not torch.cuda.is_available())
+    check_world(params, accelerator)  # a hand-made launcher must not run N unsynchronised copies
+    for frozen in (ref_policy, reward_model):
+        if frozen is not None:
+            frozen.eval().requires_grad_(False).to(accelerator.device)
+    policy, value_model, optimizer, scheduler = accelerator.prepare(policy, value_model, optimizer, scheduler)
+    run = PPORun(
+        cfg=cfg, accelerator=accelerator, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy,
+        value_model=value_model, reward_model=reward_model, optimizer=optimizer, scheduler=scheduler,
+        train=train, valid=valid, stream=IndexStream(len(train.ids), cfg.seed), running=RunningMeanStd(),
+    )  # fmt: skip
+    if ptx is not None:
+        run.ptx_blocks, run.ptx_stream = ptx, IndexStream(len(ptx), cfg.seed)
+    return run, num_steps
