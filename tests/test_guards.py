@@ -22,7 +22,8 @@ from llmpipe.stages.tokenizer import train_bpe
 TINY_MODEL = ModelParams(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                          intermediate_size=64, max_position_embeddings=256)
 TRAIN = {"per_device_train_batch_size": 2, "per_device_eval_batch_size": 2, "max_steps": 2, "logging_steps": 1,
-         "eval_steps": 100, "save_steps": 100, "warmup_steps": 0, "max_length": 64, "precision": "fp32"}
+         "eval_steps": 100, "save_steps": 100, "warmup_steps": 0, "max_length": 64, "precision": "fp32",
+         "lr": 1e-3, "weight_decay": 0.0, "max_eval_samples": 256}
 FUNCTIONS = [
     ("def add(a, b):", "Return the sum.", "    return a + b"),
     ("def greet(name):", "Say hello.", "    print('hello ' + name)"),
@@ -72,9 +73,12 @@ def root(tmp_path_factory) -> Path:
     return root
 
 
-RL = {"ppo": {"generation": {"max_new_tokens": 4}},
-      "grpo": {"num_generations": 2, "generation": {"max_new_tokens": 4}}}
-"""Sampling short enough for max_length=64 (each key may be overridden by a test)."""
+RL = {"ppo": {"num_ppo_epochs": 4, "rewards": [], "generation": {"max_new_tokens": 4}},
+      "grpo": {"num_generations": 2, "beta": 0.04, "generation": {"max_new_tokens": 4, "temperature": 1.0}},
+      "dpo": {"loss_type": ["sigmoid"]}}
+"""Sampling short enough for max_length=64 (each key may be overridden by a test). With TRAIN's lr, weight_decay
+and max_eval_samples, the other keys pin the values these tests were written with, from before the code's defaults
+became the shipped params.yaml's."""
 
 
 def make_params(out: Path, **sections):

@@ -32,7 +32,8 @@ PARAMS = {
     "tokenizer": {"vocab_size": 300},
     "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
               "intermediate_size": 64, "max_position_embeddings": 128},
-    "train": {"max_length": 128, "logging_steps": 1, "max_eval_samples": 8, "warmup_steps": 1},
+    "train": {"max_length": 128, "logging_steps": 1, "max_eval_samples": 8, "warmup_steps": 1, "lr": 1e-3,
+              "weight_decay": 0.0},  # lr and weight_decay: the values these tests were written with
     "pretrain": {"max_steps": 12, "save_steps": 3, "eval_steps": 12, "per_device_train_batch_size": 4,
                  "max_length": 32},
 }

@@ -20,7 +20,8 @@ def test_fingerprint_ignores_budgets_but_not_hyperparameters(workdir):
     inputs = [workdir / "data" / "pretrain"]
     base = parse_params(yaml.safe_load(TINY_PARAMS))
     longer = parse_params({**yaml.safe_load(TINY_PARAMS), "pretrain": {"max_steps": 500}})
-    other_lr = parse_params({**yaml.safe_load(TINY_PARAMS), "train": {"lr": 5e-4}})
+    raw = yaml.safe_load(TINY_PARAMS)
+    other_lr = parse_params({**raw, "train": {**raw["train"], "lr": 5e-4}})
     assert fingerprint(base, "pretrain", inputs) == fingerprint(longer, "pretrain", inputs)
     assert fingerprint(base, "pretrain", inputs) != fingerprint(other_lr, "pretrain", inputs)
     assert fingerprint(base, "sft", inputs) != fingerprint(base, "pretrain", inputs)

@@ -3,19 +3,31 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from llmpipe.config.section import Section
-from llmpipe.config.training import TrainParams
+from llmpipe.config.training import (
+    EvalSteps,
+    LearningRate,
+    LoggingSteps,
+    MaxEvalSamples,
+    MaxLength,
+    MaxSteps,
+    SaveSteps,
+    TrainParams,
+    WarmupSteps,
+)
+
+Temperature = Annotated[float, Field(gt=0, description="Softmax temperature of sampling.")]
 
 
 class GenerationParams(Section):
     """Sampling of completions by the RL stages (ppo, grpo): `transformers.GenerationConfig` names."""
 
     max_new_tokens: int = Field(64, gt=0, description="Tokens generated per completion at most.")
-    temperature: float = Field(1.0, gt=0, description="Softmax temperature of sampling.")
+    temperature: Temperature = 1.0
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
     top_k: int = Field(0, ge=0, description="Sample among the k most likely tokens (0 = off).")
     min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens below min_p × the top probability.")
@@ -47,8 +59,15 @@ class PPOParams(TrainParams):
     the training prompts; `max_eval_samples` validation prompts are scored every `eval_steps`.
     """
 
+    lr: LearningRate = 1.5e-4
+    max_steps: MaxSteps = 36
+    warmup_steps: WarmupSteps = 2
+    logging_steps: LoggingSteps = 2
+    eval_steps: EvalSteps = 12
+    save_steps: SaveSteps = 12
+    max_eval_samples: MaxEvalSamples = 32
     policy: Literal["sft", "dpo"] = Field("sft", description="Policy and frozen reference start from models/<policy>.")
-    num_ppo_epochs: int = Field(4, gt=0, description="Passes over each rollout batch.")
+    num_ppo_epochs: int = Field(2, gt=0, description="Passes over each rollout batch.")
     num_mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass over a rollout batch.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount per generated token.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
@@ -67,7 +86,10 @@ class PPOParams(TrainParams):
     missing_eos_penalty: float = Field(0.0, ge=0, description="Subtracted from the score of completions without eos.")
     ptx_coef: float = Field(0.0, ge=0, description="Weight of an LM loss on data/tokens/train blocks (PPO-ptx); 0 = off.")
     reward_model: bool = Field(True, description="Score completions with models/reward (last token of prompt+completion).")
-    rewards: list[RewardSpec] = Field([], description="Reward functions added to the score, by name and weight.")
+    rewards: list[RewardSpec] = Field(
+        [RewardSpec(name="parsable_prefix", weight=1.0)],
+        description="Reward functions added to the score, by name and weight.",
+    )
     generation: GenerationParams = GenerationParams()
 
     @model_validator(mode="after")
@@ -80,6 +102,12 @@ class PPOParams(TrainParams):
                 f"ppo.max_length ({self.max_length}); raise max_length or lower max_new_tokens"
             )
         return self
+
+
+class GRPOGenerationParams(GenerationParams):
+    """GRPO's sampling: cooler than PPO's, so that its groups collapse less onto one body (see docs/LOG.md)."""
+
+    temperature: Temperature = 0.7
 
 
 GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
@@ -113,13 +141,21 @@ class GRPOParams(TrainParams):
     Prompts longer than `max_length` tokens (chat-rendered) are left out.
     """
 
+    lr: LearningRate = 1e-4
+    max_steps: MaxSteps = 100
+    warmup_steps: WarmupSteps = 5
+    max_length: MaxLength = 192
+    logging_steps: LoggingSteps = 1
+    eval_steps: EvalSteps = 1000
+    save_steps: SaveSteps = 50
+    max_eval_samples: MaxEvalSamples = 16
     policy: Literal["sft", "dpo"] = Field("sft", description="Starting (and reference) policy: models/<policy>.")
     num_generations: int = Field(8, ge=2, description="Completions sampled per prompt (the group size G).")
     loss_type: GRPOLossType = Field("dapo", description="How token losses are weighted and normalised (see above).")
     importance_sampling_level: Literal["token", "sequence"] = Field(
         "token", description="Importance ratio per token, or one per sequence (GSPO)."
     )
-    beta: float = Field(0.04, ge=0, description="Weight of the KL to the reference policy; 0 loads no reference.")
+    beta: float = Field(0.2, ge=0, description="Weight of the KL to the reference policy; 0 loads no reference.")
     epsilon: float = Field(0.2, gt=0, description="Lower clipping range of the importance ratio (1 - epsilon).")
     epsilon_high: float | None = Field(
         None, gt=0, description="Upper clipping range (1 + epsilon_high; cispo: the weight cap); null = epsilon."
@@ -144,12 +180,12 @@ class GRPOParams(TrainParams):
         [
             RewardSpec(name="parsable_prefix", weight=1.0),
             RewardSpec(name="defines_function", weight=2.0),
-            RewardSpec(name="uses_arguments", weight=0.5),
+            RewardSpec(name="uses_arguments", weight=2.0),
         ],
         min_length=1,
         description="Reward functions of llmpipe.rl.rewards and their weights; the reward is the weighted sum.",
     )
-    generation: GenerationParams = GenerationParams()
+    generation: GRPOGenerationParams = GRPOGenerationParams()
 
     @property
     def resolved_steps_per_generation(self) -> int:

@@ -56,7 +56,9 @@ class EvalParams(Section):
     """`evaluate`: lm-evaluation-harness on each model in `models`, and the `report`."""
 
     models: list[str] = Field(
-        ["baseline", "pretrain", "sft", "dpo"], min_length=1, description="Model dirs under paths.models to evaluate."
+        ["baseline", "pretrain", "sft", "dpo", "ppo", "grpo"],
+        min_length=1,
+        description="Model dirs under paths.models to evaluate.",
     )
     tasks: list[str] = Field(list(EVAL_TASKS), min_length=1, description="llmpipe tasks and/or standard lm-eval tasks.")
     limit: int | None = Field(200, gt=0, description="Documents per task (None = all).")

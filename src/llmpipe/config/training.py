@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -12,6 +12,19 @@ from llmpipe.config.section import Section
 
 BUDGET_KEYS = frozenset({"max_steps", "num_train_epochs", "steps_per_epoch"})
 """Train keys that only set how long a run lasts: raising them continues the same run."""
+
+# The keys a stage section gives a default of its own, typed and described once here: a stage restates only the
+# value (`lr: LearningRate = 3e-4`), so that `Params()` is what the shipped params.yaml says.
+LearningRate = Annotated[float, Field(gt=0, description="Peak learning rate (TrainingArguments.learning_rate).")]
+TrainBatchSize = Annotated[int, Field(gt=0, description="Sequences per device per micro-step.")]
+MaxSteps = Annotated[int, Field(ge=-1, description="Optimizer steps; -1 = run num_train_epochs.")]
+WarmupSteps = Annotated[int, Field(ge=0, description="Linear warmup, in optimizer steps.")]
+WeightDecay = Annotated[float, Field(ge=0, description="AdamW decoupled weight decay.")]
+MaxLength = Annotated[int, Field(gt=0, description="Sequence length in tokens (pretrain block size; SFT/DPO cap).")]
+LoggingSteps = Annotated[int, Field(gt=0, description="Optimizer steps between log lines.")]
+EvalSteps = Annotated[int, Field(gt=0, description="Optimizer steps between validation passes.")]
+SaveSteps = Annotated[int, Field(gt=0, description="Optimizer steps between checkpoints.")]
+MaxEvalSamples = Annotated[int, Field(gt=0, description="Validation examples used at each evaluation.")]
 
 
 class ModelParams(Section):
@@ -48,17 +61,17 @@ class ModelParams(Section):
 class TrainParams(Section):
     """Training defaults every training stage inherits (HF `TrainingArguments` names, except `lr`)."""
 
-    lr: float = Field(1e-3, gt=0, description="Peak learning rate (TrainingArguments.learning_rate).")
-    per_device_train_batch_size: int = Field(16, gt=0, description="Sequences per device per micro-step.")
+    lr: LearningRate = 2e-3
+    per_device_train_batch_size: TrainBatchSize = 16
     per_device_eval_batch_size: int = Field(16, gt=0, description="Sequences per device at evaluation.")
     gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-steps per optimizer step.")
-    max_steps: int = Field(-1, ge=-1, description="Optimizer steps; -1 = run num_train_epochs.")
+    max_steps: MaxSteps = -1
     num_train_epochs: float = Field(1.0, gt=0, description="Epochs when max_steps is -1.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warmup, in optimizer steps.")
+    warmup_steps: WarmupSteps = 20
     lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"] = Field(
         "cosine", description="Schedule after warmup."
     )
-    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    weight_decay: WeightDecay = 0.0
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2.")
     max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables.")
@@ -67,12 +80,12 @@ class TrainParams(Section):
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto", description="Mixed precision; auto = bf16 where the device supports it, else fp32."
     )
-    max_length: int = Field(256, gt=0, description="Sequence length in tokens (pretrain block size; SFT/DPO cap).")
-    logging_steps: int = Field(10, gt=0, description="Optimizer steps between log lines.")
-    eval_steps: int = Field(100, gt=0, description="Optimizer steps between validation passes.")
-    save_steps: int = Field(100, gt=0, description="Optimizer steps between checkpoints.")
+    max_length: MaxLength = 256
+    logging_steps: LoggingSteps = 10
+    eval_steps: EvalSteps = 100
+    save_steps: SaveSteps = 100
     save_total_limit: int = Field(2, gt=0, description="Checkpoints kept per run.")
-    max_eval_samples: int = Field(256, gt=0, description="Validation examples used at each evaluation.")
+    max_eval_samples: MaxEvalSamples = 128
     num_samples: int | None = Field(None, gt=0, description="Train on at most this many examples (None = all).")
     dataloader_num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
 
@@ -85,6 +98,8 @@ class TrainParams(Section):
 class PretrainParams(TrainParams):
     """`pretrain`: causal-LM training on packed blocks of `max_length` tokens (documents joined by eos)."""
 
+    max_steps: MaxSteps = 300
+    weight_decay: WeightDecay = 0.1
     steps_per_epoch: int | None = Field(
         None,
         gt=0,
@@ -103,6 +118,9 @@ class PretrainParams(TrainParams):
 class SFTParams(TrainParams):
     """`sft`: TRL SFTTrainer on chat `messages` from models/pretrain."""
 
+    lr: LearningRate = 3e-4
+    per_device_train_batch_size: TrainBatchSize = 8
+    max_steps: MaxSteps = 110
     assistant_only_loss: bool = Field(True, description="Loss on assistant tokens only ({% generation %} mask).")
     packing: bool = Field(False, description="Pack several conversations into one sequence.")
 
@@ -115,6 +133,12 @@ class RewardParams(TrainParams):
     `max_length` tokens are left out of training (TRL filters them).
     """
 
+    lr: LearningRate = 3e-4
+    per_device_train_batch_size: TrainBatchSize = 8
+    max_steps: MaxSteps = 600
+    max_length: MaxLength = 128
+    eval_steps: EvalSteps = 150
+    save_steps: SaveSteps = 150
     center_rewards_coefficient: float | None = Field(
         None,
         ge=0,
@@ -142,11 +166,22 @@ DPOLossType = Literal[
 
 
 class DPOParams(TrainParams):
-    """`dpo`: TRL DPOTrainer from models/sft, the SFT model as frozen reference (Rafailov et al. 2023)."""
+    """`dpo`: TRL DPOTrainer from models/sft, the SFT model as frozen reference (Rafailov et al. 2023).
 
+    The default loss is IPO: it raised held-out preference accuracy most in 60 steps, but greedy bodies stop
+    parsing (docs/LOG.md).
+    """
+
+    lr: LearningRate = 4e-4
+    per_device_train_batch_size: TrainBatchSize = 8
+    max_steps: MaxSteps = 60
+    warmup_steps: WarmupSteps = 6
     beta: float = Field(0.1, gt=0, description="Strength of the KL regularisation towards the reference model.")
     loss_type: list[DPOLossType] = Field(
-        ["sigmoid"], min_length=1, description="TRL DPO loss types; [sigmoid, sft] is DPO + NLL (RPO)."
+        ["ipo"],
+        min_length=1,
+        description="TRL DPO loss types: [sigmoid] is DPO, [sigmoid, sft] DPO + NLL (RPO), [ipo] IPO (Azar et al. "
+        "2023).",
     )
     loss_weights: list[float] | None = Field(None, description="One weight per loss_type entry (None = all 1).")
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Conservative-DPO label noise (sigmoid loss).")

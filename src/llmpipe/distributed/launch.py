@@ -1,9 +1,9 @@
 """From ``distributed:`` params to processes: the hardware check, the generated Accelerate (and DeepSpeed) config,
 the re-execution of ``llm-train`` under ``accelerate launch``, and the world-size check every rank makes.
 
-Accelerate is the engine; this module only writes its config and refuses what it would silently get wrong
-(see STACK-FACTS): on CPU it trains DDP when FSDP is asked for, runs ONE process for a ``MULTI_CPU`` config
-with two, and fails deep inside DeepSpeed with a batch-size assertion. llmpipe stops before any work instead.
+Accelerate is the engine; this module only writes its config and refuses what it would silently get wrong:
+on CPU it trains DDP when FSDP is asked for, runs ONE process for a ``MULTI_CPU`` config with two, and fails
+deep inside DeepSpeed with a batch-size assertion (Accelerate 1.15). llmpipe stops before any work instead.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def accelerate_config(params, num_processes: int, deepspeed_config_file: Path | 
 
     Returns:
         A mapping Accelerate's config loader reads. On CPU, DDP is ``MULTI_GPU`` with ``use_cpu`` (a
-        ``MULTI_CPU`` config with 2 processes runs one: see STACK-FACTS); ``num_processes`` is the total
+        ``MULTI_CPU`` config with 2 processes runs only one); ``num_processes`` is the total
         over machines, as Accelerate counts it.
     """
     import torch

@@ -5,8 +5,8 @@ stage memory-maps those ids and cuts them into blocks of ``max_length`` tokens (
 token is padding and a block is read from disk only when the data loader asks for it. With
 ``data.streaming`` the training text is read from its source and packed as it streams instead
 (`llmpipe.train.stream`); validation blocks still come from the token file. Trainer: the Hugging Face
-`Trainer` (as fast as a raw loop here, see STACK-FACTS, and it brings checkpoint/resume of optimizer,
-scheduler, RNG and data position).
+`Trainer` (as fast as a raw PyTorch loop on this model, benchmarks/pretrain_throughput.py, see docs/LOG.md; and it
+brings checkpoint/resume of optimizer, scheduler, RNG and data position).
 """
 
 from __future__ import annotations

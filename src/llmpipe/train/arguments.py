@@ -19,7 +19,7 @@ def resolve_precision(precision: str) -> tuple[bool, bool]:
 
     `auto` is bf16 on a CUDA device that supports it, or on a CPU with native bf16 (AVX512-BF16/AMX);
     otherwise fp32. An explicit bf16 on a CPU without native bf16 is honoured with a warning: its matmuls
-    are emulated (benchmarks/pretrain_throughput.py measured ~20x slower steps than fp32).
+    are emulated, far slower than fp32 (see docs/LOG.md).
 
     Raises:
         UserError: fp16 was asked for without a CUDA device, or bf16 on a GPU that lacks it.

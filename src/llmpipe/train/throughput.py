@@ -8,7 +8,8 @@ papers. :func:`measure_matmul_tflops` measures what a few large bf16 matmuls rea
 device, printed beside the datasheet figure (a run cannot beat the measured figure; the gap between the two
 is the device's own shortfall, not the training code's).
 
-Nothing here imports torch or transformers at module level, and nothing here reads params.
+torch is imported inside the functions that use it; at module level only transformers' `TrainerCallback` is (the
+base of :class:`ThroughputCallback`). Nothing here reads params.
 """
 
 from __future__ import annotations
