@@ -13,11 +13,10 @@ from pathlib import Path
 
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
-from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
+from llmpipe.stages.base import TrainerStage
 from llmpipe.train.arguments import training_kwargs
-from llmpipe.train.checkpoints import ResumeRequest, open_run
-from llmpipe.train.guards import preference_signal
-from llmpipe.train.loop import tensorboard_callback, train_stage
+from llmpipe.train.checkpoints import ResumeRequest
+from llmpipe.train.guards import trainer_preference_signal
 
 COLUMNS = ("prompt", "chosen", "rejected")
 
@@ -38,9 +37,34 @@ def dpo_config(params: Params, run_dir: Path):
     )
 
 
-def inputs(params: Params) -> list[Path]:
-    """What the run reads (its checkpoint fingerprint hashes them): the preference data, models/sft, the tokenizer."""
-    return [Path(params.paths.data, "preference"), Path(params.paths.models, "sft"), Path(params.paths.tokenizer)]
+class DPO(TrainerStage):
+    """models/sft → models/dpo on data/preference with TRL's `DPOTrainer`, models/sft as the frozen reference."""
+
+    name = "dpo"
+
+    def config(self, run_dir: Path):
+        return dpo_config(self.params, run_dir)
+
+    def datasets(self):
+        train = load_split(self.data / "train.jsonl", COLUMNS, self.cfg.num_samples)
+        valid = load_split(self.data / "validation.jsonl", COLUMNS, self.cfg.max_eval_samples)
+        return train, valid
+
+    def make_trainer(self, model, args, train, valid, callbacks: list):
+        from trl import DPOTrainer
+
+        return DPOTrainer(model=model, ref_model=self.load_model(), args=args, train_dataset=train,
+                          eval_dataset=valid, processing_class=self.tokenizer, callbacks=callbacks)  # fmt: skip
+
+    def check_trainer(self, trainer, num_train: int, num_valid: int) -> dict[str, float]:
+        return trainer_preference_signal("dpo", trainer, num_train, num_valid, self.cfg.max_length, truncates=True)
+
+    def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
+        final = [r for r in trainer.state.log_history if "eval_rewards/accuracies" in r]
+        if not final:
+            return {}
+        return {"eval_reward_accuracy": round(float(final[-1]["eval_rewards/accuracies"]), 4),
+                "eval_reward_margin": round(float(final[-1]["eval_rewards/margins"]), 4)}  # fmt: skip
 
 
 def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
@@ -61,32 +85,4 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
         UserError: Missing or refused inputs; models/sft was trained with another tokenizer; more than half of the
             training pairs (or every validation pair) dropped or identical (names ``dpo.max_length``).
     """
-    from trl import DPOTrainer
-
-    cfg = params.dpo
-    data, base, _ = inputs(params)
-    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
-    missing = "run the sft stage first (dvc repro sft)"
-    model = load_model(base, missing, trust_remote_code=trust_remote_code)  # before hashing base: names the fix
-    check_same_tokenizer(base, tokenizer, params.paths.tokenizer)
-    run = open_run(params, "dpo", inputs(params), resume)
-    train = load_split(data / "train.jsonl", COLUMNS, cfg.num_samples)
-    valid = load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples)
-    trainer = DPOTrainer(
-        model=model,
-        ref_model=load_model(base, missing, trust_remote_code=trust_remote_code),
-        args=dpo_config(params, run.path),
-        train_dataset=train,
-        eval_dataset=valid,
-        processing_class=tokenizer,
-        callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "dpo", "tensorboard"))],
-    )
-    counts = preference_signal("dpo", "train", len(train), trainer.train_dataset, cfg.max_length, truncates=True)
-    counts |= preference_signal("dpo", "eval", len(valid), trainer.eval_dataset, cfg.max_length, truncates=True)
-    metrics = train_stage(trainer, params, "dpo", run, tokenizer)
-    metrics.update(counts)
-    final = [r for r in trainer.state.log_history if "eval_rewards/accuracies" in r]
-    if final:
-        metrics["eval_reward_accuracy"] = round(float(final[-1]["eval_rewards/accuracies"]), 4)
-        metrics["eval_reward_margin"] = round(float(final[-1]["eval_rewards/margins"]), 4)
-    return metrics
+    return DPO(params, trust_remote_code).run(resume)
