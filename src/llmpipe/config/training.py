@@ -141,15 +141,46 @@ DPOLossType = Literal[
 ]
 
 
-class DPOParams(TrainParams):
-    """`dpo`: TRL DPOTrainer from models/sft, the SFT model as frozen reference (Rafailov et al. 2023)."""
+PreferenceMethod = Literal["dpo", "kto", "orpo", "simpo", "cpo"]
 
-    beta: float = Field(0.1, gt=0, description="Strength of the KL regularisation towards the reference model.")
+METHOD_KEYS: dict[str, tuple[PreferenceMethod, ...]] = {
+    "loss_type": ("dpo",),
+    "loss_weights": ("dpo",),
+    "label_smoothing": ("dpo", "simpo", "cpo"),
+    "desirable_weight": ("kto",),
+    "undesirable_weight": ("kto",),
+    "simpo_gamma": ("simpo",),
+    "cpo_alpha": ("cpo",),
+}
+"""The `dpo` keys that only some methods read (``beta`` and the `train` keys apply to all): a key set off its
+default under another method would be silently ignored, so it is refused at load."""
+
+
+class DPOParams(TrainParams):
+    """`dpo`: preference tuning of models/sft by `method` (TRL's names for every parameter):
+
+    - ``dpo``: `trl.DPOTrainer`, the SFT model as frozen reference (Rafailov et al. 2023);
+    - ``kto``: `trl.KTOTrainer` on unpaired desirable/undesirable examples, with a frozen reference
+      (Ethayarajh et al. 2024);
+    - ``orpo``: `trl.experimental.orpo.ORPOTrainer`, NLL plus an odds-ratio term, reference-free (Hong et al. 2024);
+    - ``simpo``: `trl.experimental.cpo.CPOTrainer` with ``loss_type="simpo"`` and no BC term, length-normalised
+      reward with a target margin, reference-free (Meng et al. 2024);
+    - ``cpo``: `trl.experimental.cpo.CPOTrainer`, sigmoid loss plus a BC (NLL) term, reference-free
+      (Xu et al. 2024).
+    """
+
+    method: PreferenceMethod = Field("dpo", description="Preference method: dpo, kto, orpo, simpo or cpo.")
+    beta: float = Field(0.1, gt=0, description="Strength of the KL regularisation towards the reference model "
+                        "(orpo: the odds-ratio weight λ; simpo/cpo: the reward scale).")  # fmt: skip
     loss_type: list[DPOLossType] = Field(
         ["sigmoid"], min_length=1, description="TRL DPO loss types; [sigmoid, sft] is DPO + NLL (RPO)."
     )
     loss_weights: list[float] | None = Field(None, description="One weight per loss_type entry (None = all 1).")
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Conservative-DPO label noise (sigmoid loss).")
+    desirable_weight: float = Field(1.0, gt=0, description="kto: weight of the desirable examples' loss.")
+    undesirable_weight: float = Field(1.0, gt=0, description="kto: weight of the undesirable examples' loss.")
+    simpo_gamma: float = Field(0.5, ge=0, description="simpo: target reward margin γ.")
+    cpo_alpha: float = Field(1.0, ge=0, description="cpo: weight of the BC (NLL on chosen) term.")
 
     @model_validator(mode="after")
     def _weights_match(self) -> DPOParams:
@@ -158,4 +189,15 @@ class DPOParams(TrainParams):
                 f"dpo.loss_weights has {len(self.loss_weights)} entries but dpo.loss_type has "
                 f"{len(self.loss_type)}: give one weight per loss type"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _keys_apply_to_method(self) -> DPOParams:
+        for key, methods in METHOD_KEYS.items():
+            default = type(self).model_fields[key].default
+            if self.method not in methods and getattr(self, key) != default:
+                raise ValueError(
+                    f"dpo.{key} ({getattr(self, key)!r}) applies to dpo.method {' or '.join(methods)}, not "
+                    f"{self.method!r}: remove it or set it to its default ({default!r})"
+                )
         return self

@@ -121,8 +121,8 @@ def count_identical_pairs(pairs, max_length: int | None) -> int:
         pairs: A TRL-prepared `datasets.Dataset` in one of three shapes: ``chosen_ids`` and ``rejected_ids`` (token
             id lists), with ``prompt_ids`` prepended when present (DPO keeps the prompt apart; the reward trainer
             does not); ``chosen_input_ids`` and ``rejected_input_ids``, whole sequences TRL's CPO and ORPO trainers
-            already cut to their ``max_length`` (a pair with no completion token left is not counted here but by
-            :func:`count_no_completion`); or unpaired ``prompt_ids``, ``completion_ids`` and a boolean ``label``
+            already cut to their ``max_length`` (pairs with no completion token left go first, see
+            :func:`drop_no_completion`); or unpaired ``prompt_ids``, ``completion_ids`` and a boolean ``label``
             (KTO), where an undesirable example with the same tokens as a desirable one is such a pair.
         max_length: Both sequences are cut to their first `max_length` tokens (TRL's ``keep_start``), as the
             DPO and KTO collators do; None = compared whole.
@@ -140,14 +140,19 @@ def count_identical_pairs(pairs, max_length: int | None) -> int:
                for p, c, r in zip(prompts, pairs["chosen_ids"], pairs["rejected_ids"]))
 
 
-def count_no_completion(pairs) -> int:
-    """Number of pairs TRL's CPO/ORPO trainers kept with no completion token: the prompt filled ``max_length``, so
-    every label of the chosen or the rejected sequence is -100 (their loss is 0/0). 0 for other shapes (those
-    trainers drop such rows, counted as rows missing)."""
+def drop_no_completion(pairs):
+    """`pairs` without those TRL's CPO/ORPO trainers keep with no completion token (the prompt filled ``max_length``,
+    so every label of the chosen or the rejected sequence is -100): their length-normalised log-probability is 0/0,
+    a NaN loss. DPO and KTO drop such rows themselves, so :func:`preference_signal` counts them alike.
+
+    Args:
+        pairs: A CPO/ORPO-prepared `datasets.Dataset` (``chosen_labels``, ``rejected_labels``); other shapes are
+            returned as they are.
+    """
     if "chosen_labels" not in pairs.column_names:
-        return 0
-    return sum(all(t == -100 for t in c) or all(t == -100 for t in r)
-               for c, r in zip(pairs["chosen_labels"], pairs["rejected_labels"]))  # fmt: skip
+        return pairs
+    return pairs.filter(lambda row: any(t != -100 for t in row["chosen_labels"])
+                        and any(t != -100 for t in row["rejected_labels"]))  # fmt: skip
 
 
 def preference_signal(stage: str, split: str, num_rows: int, prepared, max_length: int | None,
@@ -166,9 +171,9 @@ def preference_signal(stage: str, split: str, num_rows: int, prepared, max_lengt
         prepared: The trainer's prepared dataset (``trainer.train_dataset`` / ``eval_dataset``), in a shape of
             :func:`count_identical_pairs`.
         max_length: The stage's ``max_length``.
-        truncates: True for DPO, KTO, CPO and ORPO, which cut sequences to `max_length` (DPO and KTO drop the rows
-            whose prompt fills it, CPO and ORPO keep them with no completion token); False for the reward trainer,
-            which leaves out pairs longer than `max_length` instead.
+        truncates: True for DPO, KTO, CPO and ORPO, which cut sequences to `max_length` and drop the rows whose
+            prompt fills it (CPO and ORPO through :func:`drop_no_completion`); False for the reward trainer, which
+            leaves out pairs longer than `max_length` instead.
 
     Returns:
         ``num_identical_pairs`` and ``num_fully_truncated`` (truncating trainers) or ``num_too_long`` (reward), with
@@ -180,13 +185,11 @@ def preference_signal(stage: str, split: str, num_rows: int, prepared, max_lengt
     suffix = "" if split == "train" else "_eval"
     training = split == "train"
     unpaired = "label" in prepared.column_names
-    kept_empty = count_no_completion(prepared)
-    dropped = num_rows - len(prepared) + kept_empty
+    dropped = num_rows - len(prepared)
     identical = count_identical_pairs(prepared, max_length if truncates else None)
     where = f"{stage}: {'training' if training else 'validation'} {'examples' if unpaired else 'pairs'}"
     if truncates:
-        how = "TRL keeps them with no completion token" if kept_empty else "TRL drops them"
-        what = f"{where} whose prompt fills {stage}.max_length={max_length} ({how})"
+        what = f"{where} whose prompt fills {stage}.max_length={max_length} (TRL drops them)"
         check_no_signal(dropped, num_rows, what, f"raise {stage}.max_length", training)
     elif dropped:
         log.info("%s longer than %s.max_length=%s, left out by TRL: %d of %d", where, stage, max_length, dropped,
