@@ -159,7 +159,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         if args.resume_from and args.restart:
             raise UserError("--resume-from and --restart contradict each other: give one")
         if args.list_checkpoints:
-            print(describe_runs(params, task, stages.module(task).inputs(params)))
+            print(describe_runs(params, task, stages.run_inputs(task, params)))
             return 0
         kwargs["resume"] = ResumeRequest(Path(args.resume_from) if args.resume_from else None, args.restart)
     if task == "evaluate":

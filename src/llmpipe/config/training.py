@@ -165,18 +165,46 @@ DPOLossType = Literal[
 ]
 
 
-class DPOParams(TrainParams):
-    """`dpo`: TRL DPOTrainer from models/sft, the SFT model as frozen reference (Rafailov et al. 2023).
+PreferenceMethod = Literal["dpo", "kto", "orpo", "simpo", "cpo"]
 
-    The default loss is IPO: it raised held-out preference accuracy most in 60 steps, but greedy bodies stop
-    parsing (docs/LOG.md).
+DPO_LOSS_KEYS = ("loss_type", "loss_weights")
+"""The DPO loss choice: the shipped params set it, so under another method it is left unread with a warning (by the
+dpo stage) rather than refused, and `dvc exp run -S dpo.method=kto` works on the shipped file."""
+
+METHOD_KEYS: dict[str, tuple[PreferenceMethod, ...]] = {
+    "label_smoothing": ("dpo", "simpo", "cpo"),
+    "desirable_weight": ("kto",),
+    "undesirable_weight": ("kto",),
+    "simpo_gamma": ("simpo",),
+    "cpo_alpha": ("cpo",),
+}
+"""The `dpo` keys that only some methods read (``beta`` and the `train` keys apply to all; the loss choice is
+:data:`DPO_LOSS_KEYS`): a key set off its default under another method would be silently ignored, so it is
+refused at load."""
+
+
+class DPOParams(TrainParams):
+    """`dpo`: preference tuning of models/sft by `method` (TRL's names for every parameter):
+
+    - ``dpo``: `trl.DPOTrainer`, the SFT model as frozen reference (Rafailov et al. 2023); the default loss is IPO
+      (Azar et al. 2023): it raised held-out preference accuracy most in 60 steps, but greedy bodies stop parsing
+      (docs/LOG.md);
+    - ``kto``: `trl.KTOTrainer` on unpaired desirable/undesirable examples, with a frozen reference
+      (Ethayarajh et al. 2024);
+    - ``orpo``: `trl.experimental.orpo.ORPOTrainer`, NLL plus an odds-ratio term, reference-free (Hong et al. 2024);
+    - ``simpo``: `trl.experimental.cpo.CPOTrainer` with ``loss_type="simpo"`` and no BC term, length-normalised
+      reward with a target margin, reference-free (Meng et al. 2024);
+    - ``cpo``: `trl.experimental.cpo.CPOTrainer`, sigmoid loss plus a BC (NLL) term, reference-free
+      (Xu et al. 2024).
     """
 
     lr: LearningRate = 4e-4
     per_device_train_batch_size: TrainBatchSize = 8
     max_steps: MaxSteps = 60
     warmup_steps: WarmupSteps = 6
-    beta: float = Field(0.1, gt=0, description="Strength of the KL regularisation towards the reference model.")
+    method: PreferenceMethod = Field("dpo", description="Preference method: dpo, kto, orpo, simpo or cpo.")
+    beta: float = Field(0.1, gt=0, description="Strength of the KL regularisation towards the reference model "
+                        "(orpo: the odds-ratio weight λ; simpo/cpo: the reward scale).")  # fmt: skip
     loss_type: list[DPOLossType] = Field(
         ["ipo"],
         min_length=1,
@@ -185,6 +213,10 @@ class DPOParams(TrainParams):
     )
     loss_weights: list[float] | None = Field(None, description="One weight per loss_type entry (None = all 1).")
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Conservative-DPO label noise (sigmoid loss).")
+    desirable_weight: float = Field(1.0, gt=0, description="kto: weight of the desirable examples' loss.")
+    undesirable_weight: float = Field(1.0, gt=0, description="kto: weight of the undesirable examples' loss.")
+    simpo_gamma: float = Field(0.5, ge=0, description="simpo: target reward margin γ.")
+    cpo_alpha: float = Field(1.0, ge=0, description="cpo: weight of the BC (NLL on chosen) term.")
 
     @model_validator(mode="after")
     def _weights_match(self) -> DPOParams:
@@ -193,4 +225,15 @@ class DPOParams(TrainParams):
                 f"dpo.loss_weights has {len(self.loss_weights)} entries but dpo.loss_type has "
                 f"{len(self.loss_type)}: give one weight per loss type"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _keys_apply_to_method(self) -> DPOParams:
+        for key, methods in METHOD_KEYS.items():
+            default = type(self).model_fields[key].default
+            if self.method not in methods and getattr(self, key) != default:
+                raise ValueError(
+                    f"dpo.{key} ({getattr(self, key)!r}) applies to dpo.method {' or '.join(methods)}, not "
+                    f"{self.method!r}: remove it or set it to its default ({default!r})"
+                )
         return self

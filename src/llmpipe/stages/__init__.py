@@ -144,6 +144,13 @@ def input_paths(name: str, params: Any) -> list[Path]:
     return [Path(resolve_template(t, params)) for t in REGISTRY[name].inputs]
 
 
+def run_inputs(task: str, params: Any) -> list[Path]:
+    """What a training run of `task` reads (its checkpoint fingerprint hashes them): the stage module's own
+    ``inputs(params)`` where that depends on more than templates (pretrain, ppo), else :func:`input_paths`."""
+    own = getattr(module(task), "inputs", None)
+    return own(params) if own is not None else input_paths(resolve(task), params)
+
+
 def resolve(task: str) -> str:
     """Canonical task name.
 

@@ -1,23 +1,34 @@
-"""`dpo` stage: Direct Preference Optimization (Rafailov et al. 2023) of models/sft on preference pairs
-with TRL's `DPOTrainer`; the SFT model is the frozen reference.
+"""`dpo` stage: preference tuning of models/sft on preference pairs by ``dpo.method``, each on TRL's own trainer:
+Direct Preference Optimization (Rafailov et al. 2023, `trl.DPOTrainer`, the default), KTO (Ethayarajh et al.
+2024, `trl.KTOTrainer`, on unpaired examples), ORPO (Hong et al. 2024, `trl.experimental.orpo.ORPOTrainer`),
+SimPO (Meng et al. 2024) and CPO (Xu et al. 2024), both `trl.experimental.cpo.CPOTrainer`. DPO and KTO keep
+models/sft as the frozen reference; ORPO, SimPO and CPO are reference-free and load one copy of the weights.
 
-TRL drops pairs whose prompt fills ``dpo.max_length`` and cuts the rest to it, so a rejected body that
-differs from the chosen one only after the cut becomes the same sequence: no preference left, no gradient.
-The stage counts both kinds per split, reports them in its metrics, and refuses to train when they are too
-many (`llmpipe.train.guards.preference_signal`).
+KTO reads unpaired ``prompt``/``completion``/``label`` rows: the preference file's own when it has those
+columns, else two per pair (chosen desirable, rejected undesirable).
+
+TRL cuts sequences to ``dpo.max_length``: DPO and KTO drop the rows whose prompt fills it; CPO and ORPO keep them
+with no completion token (a NaN loss), so the stage drops them. A rejected body that differs from the chosen one
+only after the cut becomes the same sequence: no preference left, no gradient. The stage counts both kinds per
+split, reports them in its metrics, and refuses to train when they are too many
+(`llmpipe.train.guards.preference_signal`).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from llmpipe.config import Params
+from llmpipe.config.training import DPO_LOSS_KEYS
+from llmpipe.core.errors import UserError
 from llmpipe.data.loading import load_split
-from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
+from llmpipe.stages.base import TrainerStage
 from llmpipe.train.arguments import training_kwargs
-from llmpipe.train.checkpoints import ResumeRequest, open_run
-from llmpipe.train.guards import preference_signal
-from llmpipe.train.loop import tensorboard_callback, train_stage
+from llmpipe.train.checkpoints import ResumeRequest
+from llmpipe.train.guards import drop_no_completion, trainer_preference_signal
+
+log = logging.getLogger(__name__)
 
 COLUMNS = ("prompt", "chosen", "rejected")
 
@@ -38,13 +49,143 @@ def dpo_config(params: Params, run_dir: Path):
     )
 
 
-def inputs(params: Params) -> list[Path]:
-    """What the run reads (its checkpoint fingerprint hashes them): the preference data, models/sft, the tokenizer."""
-    return [Path(params.paths.data, "preference"), Path(params.paths.models, "sft"), Path(params.paths.tokenizer)]
+def kto_config(params: Params, run_dir: Path):
+    """Our params → `trl.KTOConfig`, field by field (TRL's KTO loss; sequential sampling, TRL's default, which
+    its KL estimate needs)."""
+    from trl import KTOConfig
+
+    cfg = params.dpo
+    return KTOConfig(
+        **training_kwargs(params, "dpo", run_dir),
+        beta=cfg.beta,
+        desirable_weight=cfg.desirable_weight,
+        undesirable_weight=cfg.undesirable_weight,
+        max_length=cfg.max_length,
+        dataset_num_proc=None,
+    )
+
+
+def orpo_config(params: Params, run_dir: Path):
+    """Our params → `trl.experimental.orpo.ORPOConfig`, field by field (``beta`` is the paper's λ)."""
+    from trl.experimental.orpo import ORPOConfig
+
+    cfg = params.dpo
+    return ORPOConfig(
+        **training_kwargs(params, "dpo", run_dir), beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=None
+    )
+
+
+def cpo_config(params: Params, run_dir: Path):
+    """Our params → `trl.experimental.cpo.CPOConfig`, field by field: CPO's sigmoid loss with ``cpo_alpha`` × NLL,
+    or SimPO's loss (``loss_type="simpo"``) without the NLL term (``cpo_alpha=0``, TRL's recipe for SimPO)."""
+    from trl.experimental.cpo import CPOConfig
+
+    cfg = params.dpo
+    simpo = cfg.method == "simpo"
+    return CPOConfig(
+        **training_kwargs(params, "dpo", run_dir),
+        loss_type="simpo" if simpo else "sigmoid",
+        beta=cfg.beta,
+        label_smoothing=cfg.label_smoothing,
+        simpo_gamma=cfg.simpo_gamma,
+        cpo_alpha=0.0 if simpo else cfg.cpo_alpha,
+        max_length=cfg.max_length,
+        dataset_num_proc=None,
+    )
+
+
+CONFIGS = {"dpo": dpo_config, "kto": kto_config, "orpo": orpo_config, "simpo": cpo_config, "cpo": cpo_config}
+"""``dpo.method`` → its params mapping."""
+
+REFERENCE_FREE = frozenset({"orpo", "simpo", "cpo"})
+"""Methods with no reference model: the stage loads models/sft once."""
+
+KTO_COLUMNS = ("prompt", "completion", "label")
+
+
+def unpaired_split(path: Path, limit: int | None):
+    """KTO's unpaired rows (``prompt``, ``completion``, boolean ``label``) from a preference split.
+
+    Args:
+        path: ``data/preference/<split>.jsonl``: pairs (``prompt``, ``chosen``, ``rejected``) or unpaired rows.
+        limit: Keep at most this many rows of the file (``num_samples`` / ``max_eval_samples``).
+
+    Returns:
+        A `datasets.Dataset`: the file's rows when they have ``completion`` and ``label``, else two per pair in
+        pair order: the chosen completion (``label`` True), then the rejected one (False).
+
+    Raises:
+        UserError: The file is missing or empty, or a row lacks a column of its shape.
+    """
+    from datasets import Dataset
+
+    rows = load_split(path, ("prompt",), limit, optional=("completion", "label", "chosen", "rejected"))
+    if {"completion", "label"} <= set(rows.column_names):
+        return rows.select_columns(list(KTO_COLUMNS))
+    if not {"chosen", "rejected"} <= set(rows.column_names):
+        raise UserError(f"{path}: dpo.method kto needs pairs (prompt, chosen, rejected) or unpaired rows "
+                        f"(prompt, completion, label); its first row has {rows.column_names}")  # fmt: skip
+    return Dataset.from_list([{"prompt": r["prompt"], "completion": r[key], "label": key == "chosen"}
+                              for r in rows for key in ("chosen", "rejected")])  # fmt: skip
+
+
+def trainer_class(method: str):
+    """TRL's trainer of a ``dpo.method``."""
+    if method == "dpo":
+        from trl import DPOTrainer
+
+        return DPOTrainer
+    if method == "kto":
+        from trl import KTOTrainer
+
+        return KTOTrainer
+    if method == "orpo":
+        from trl.experimental.orpo import ORPOTrainer
+
+        return ORPOTrainer
+    from trl.experimental.cpo import CPOTrainer
+
+    return CPOTrainer
+
+
+class DPO(TrainerStage):
+    """models/sft → models/dpo on data/preference by ``dpo.method`` (module docstring)."""
+
+    name = "dpo"
+
+    def config(self, run_dir: Path):
+        return CONFIGS[self.cfg.method](self.params, run_dir)
+
+    def datasets(self):
+        if self.cfg.method == "kto":
+            return (unpaired_split(self.data / "train.jsonl", self.cfg.num_samples),
+                    unpaired_split(self.data / "validation.jsonl", self.cfg.max_eval_samples))  # fmt: skip
+        train = load_split(self.data / "train.jsonl", COLUMNS, self.cfg.num_samples)
+        valid = load_split(self.data / "validation.jsonl", COLUMNS, self.cfg.max_eval_samples)
+        return train, valid
+
+    def make_trainer(self, model, args, train, valid, callbacks: list):
+        common = {"model": model, "args": args, "train_dataset": train, "eval_dataset": valid,
+                  "processing_class": self.tokenizer, "callbacks": callbacks}  # fmt: skip
+        if self.cfg.method not in REFERENCE_FREE:
+            common["ref_model"] = self.load_model()
+        return trainer_class(self.cfg.method)(**common)
+
+    def check_trainer(self, trainer, num_train: int, num_valid: int) -> dict[str, float]:
+        trainer.train_dataset = drop_no_completion(trainer.train_dataset)  # CPO/ORPO keep them: a NaN loss
+        trainer.eval_dataset = drop_no_completion(trainer.eval_dataset)
+        return trainer_preference_signal("dpo", trainer, num_train, num_valid, self.cfg.max_length, truncates=True)
+
+    def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
+        final = [r for r in trainer.state.log_history if "eval_rewards/accuracies" in r]
+        if not final:
+            return {}
+        return {"eval_reward_accuracy": round(float(final[-1]["eval_rewards/accuracies"]), 4),
+                "eval_reward_margin": round(float(final[-1]["eval_rewards/margins"]), 4)}  # fmt: skip
 
 
 def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
-    """Preference-tune models/sft on data/preference; save models/dpo. Returns losses, reward accuracy, steps.
+    """Preference-tune models/sft on data/preference by ``dpo.method``; save models/dpo.
 
     Args:
         params: Validated params.
@@ -53,40 +194,26 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
             (``--trust-remote-code``).
 
     Returns:
-        The metrics of :func:`llmpipe.train.loop.train_stage`, ``eval_reward_accuracy`` and ``eval_reward_margin``,
-        and per split (``_eval`` for validation) ``num_fully_truncated`` (pairs dropped: the prompt fills
-        ``dpo.max_length``) and ``num_identical_pairs`` (chosen == rejected within ``dpo.max_length`` tokens).
+        The metrics of :func:`llmpipe.train.loop.train_stage`, ``eval_reward_accuracy`` and ``eval_reward_margin``
+        (methods whose trainer logs them: dpo, orpo, simpo, cpo), and per split (``_eval`` for validation)
+        ``num_fully_truncated`` (pairs, or KTO examples, whose prompt fills ``dpo.max_length``) and
+        ``num_identical_pairs`` (chosen == rejected within ``dpo.max_length`` tokens; KTO: undesirable examples
+        with a desirable one's tokens).
 
     Raises:
         UserError: Missing or refused inputs; models/sft was trained with another tokenizer; more than half of the
             training pairs (or every validation pair) dropped or identical (names ``dpo.max_length``).
     """
-    from trl import DPOTrainer
+    if unread := unread_loss_choice(params.dpo):
+        log.warning(unread)
+    return DPO(params, trust_remote_code).run(resume)
 
-    cfg = params.dpo
-    data, base, _ = inputs(params)
-    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
-    missing = "run the sft stage first (dvc repro sft)"
-    model = load_model(base, missing, trust_remote_code=trust_remote_code)  # before hashing base: names the fix
-    check_same_tokenizer(base, tokenizer, params.paths.tokenizer)
-    run = open_run(params, "dpo", inputs(params), resume)
-    train = load_split(data / "train.jsonl", COLUMNS, cfg.num_samples)
-    valid = load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples)
-    trainer = DPOTrainer(
-        model=model,
-        ref_model=load_model(base, missing, trust_remote_code=trust_remote_code),
-        args=dpo_config(params, run.path),
-        train_dataset=train,
-        eval_dataset=valid,
-        processing_class=tokenizer,
-        callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "dpo", "tensorboard"))],
-    )
-    counts = preference_signal("dpo", "train", len(train), trainer.train_dataset, cfg.max_length, truncates=True)
-    counts |= preference_signal("dpo", "eval", len(valid), trainer.eval_dataset, cfg.max_length, truncates=True)
-    metrics = train_stage(trainer, params, "dpo", run, tokenizer)
-    metrics.update(counts)
-    final = [r for r in trainer.state.log_history if "eval_rewards/accuracies" in r]
-    if final:
-        metrics["eval_reward_accuracy"] = round(float(final[-1]["eval_rewards/accuracies"]), 4)
-        metrics["eval_reward_margin"] = round(float(final[-1]["eval_rewards/margins"]), 4)
-    return metrics
+
+def unread_loss_choice(cfg) -> str | None:
+    """The warning for a DPO loss choice (:data:`~llmpipe.config.training.DPO_LOSS_KEYS`) that ``dpo.method`` does
+    not read, or None under method dpo. Not an error: the shipped params set it, and a method sweep
+    (`dvc exp run -S dpo.method=kto`) must run on the shipped file."""
+    if cfg.method == "dpo":
+        return None
+    unread = ", ".join(f"dpo.{k} {getattr(cfg, k)!r}" for k in DPO_LOSS_KEYS if getattr(cfg, k) is not None)
+    return f"dpo: method {cfg.method} does not read the DPO loss choice ({unread}); it applies to method dpo only"

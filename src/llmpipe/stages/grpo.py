@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import Params
-from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
 from llmpipe.rl.progress import first_last_tenths
 from llmpipe.rl.prompts import load_prompts
 from llmpipe.rl.rewards import trl_reward_functions
+from llmpipe.stages.base import TrainerStage
 from llmpipe.train.arguments import training_kwargs
-from llmpipe.train.checkpoints import ResumeRequest, open_run
-from llmpipe.train.loop import tensorboard_callback, train_stage
+from llmpipe.train.checkpoints import ResumeRequest
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +123,42 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
     return {k: round(v, 5) for k, v in metrics.items() if math.isfinite(v)}  # DVC metrics must be numbers
 
 
-def inputs(params: Params) -> list[Path]:
-    """What the run reads (its checkpoint fingerprint hashes them): the SFT prompts, the policy model, the tokenizer."""
-    return [Path(params.paths.data, "sft"), Path(params.paths.models, params.grpo.policy), Path(params.paths.tokenizer)]
+class GRPO(TrainerStage):
+    """models/<grpo.policy> → models/grpo on the SFT prompts with TRL's `GRPOTrainer` and llmpipe's rewards."""
+
+    name = "grpo"
+
+    def config(self, run_dir: Path):
+        return grpo_config(self.params, run_dir)
+
+    def datasets(self):
+        cfg = self.cfg
+        train = prompt_dataset(self.data / "train.jsonl", self.tokenizer, cfg.max_length, cfg.num_samples)
+        valid = prompt_dataset(self.data / "validation.jsonl", self.tokenizer, cfg.max_length, cfg.max_eval_samples)
+        return train, valid
+
+    def make_trainer(self, model, args, train, valid, callbacks: list):
+        from trl import GRPOTrainer
+
+        reward_funcs, _ = trl_reward_functions(self.cfg.rewards)  # weights reach TRL through grpo_config
+        return GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train, eval_dataset=valid,
+                           processing_class=self.tokenizer, callbacks=callbacks)  # fmt: skip
+
+    def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
+        """:func:`rl_metrics` and ``eval_reward``; warns when most groups gave no gradient."""
+        extra = rl_metrics(trainer.state.log_history)
+        final = [r for r in trainer.state.log_history if "eval_reward" in r]
+        if final:
+            extra["eval_reward"] = round(float(final[-1]["eval_reward"]), 5)
+        frac = extra.get("frac_zero_std_groups", 0.0)
+        if frac >= ZERO_STD_WARN_FRACTION:
+            log.warning(
+                "grpo: %.0f%% of groups had all-equal rewards, so zero advantage and no gradient from them; add a "
+                "graded reward (e.g. parsable_prefix) to grpo.rewards, or raise grpo.num_generations or "
+                "grpo.generation.temperature",
+                100 * frac,
+            )
+        return extra
 
 
 def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
@@ -146,36 +178,4 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
         UserError: The policy model, the tokenizer or an SFT split is missing, a folder is refused, or the policy
             was trained with another tokenizer.
     """
-    from trl import GRPOTrainer
-
-    cfg = params.grpo
-    data, base, _ = inputs(params)
-    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
-    missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
-    model = load_model(base, missing, trust_remote_code=trust_remote_code)  # before hashing base: names the fix
-    check_same_tokenizer(base, tokenizer, params.paths.tokenizer)
-    run = open_run(params, "grpo", inputs(params), resume)
-    reward_funcs, _ = trl_reward_functions(cfg.rewards)  # weights reach TRL through grpo_config
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=grpo_config(params, run.path),
-        train_dataset=prompt_dataset(data / "train.jsonl", tokenizer, cfg.max_length, cfg.num_samples),
-        eval_dataset=prompt_dataset(data / "validation.jsonl", tokenizer, cfg.max_length, cfg.max_eval_samples),
-        processing_class=tokenizer,
-        callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "grpo", "tensorboard"))],
-    )
-    metrics = train_stage(trainer, params, "grpo", run, tokenizer)
-    metrics.update(rl_metrics(trainer.state.log_history))
-    final = [r for r in trainer.state.log_history if "eval_reward" in r]
-    if final:
-        metrics["eval_reward"] = round(float(final[-1]["eval_reward"]), 5)
-    frac = metrics.get("frac_zero_std_groups", 0.0)
-    if frac >= ZERO_STD_WARN_FRACTION:
-        log.warning(
-            "grpo: %.0f%% of groups had all-equal rewards, so zero advantage and no gradient from them; add a "
-            "graded reward (e.g. parsable_prefix) to grpo.rewards, or raise grpo.num_generations or "
-            "grpo.generation.temperature",
-            100 * frac,
-        )
-    return metrics
+    return GRPO(params, trust_remote_code).run(resume)

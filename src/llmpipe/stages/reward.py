@@ -14,11 +14,11 @@ from pathlib import Path
 
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
-from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
+from llmpipe.models import load_model
+from llmpipe.stages.base import TrainerStage
 from llmpipe.train.arguments import training_kwargs
-from llmpipe.train.checkpoints import ResumeRequest, open_run
-from llmpipe.train.guards import preference_signal
-from llmpipe.train.loop import tensorboard_callback, train_stage
+from llmpipe.train.checkpoints import ResumeRequest
+from llmpipe.train.guards import trainer_preference_signal
 
 COLUMNS = ("prompt", "chosen", "rejected")
 
@@ -102,9 +102,43 @@ def pairwise_metrics(model, tokenizer, pairs, batch_size: int) -> dict[str, floa
     return metrics
 
 
-def inputs(params: Params) -> list[Path]:
-    """What the run reads (its checkpoint fingerprint hashes them): the preference data, models/sft, the tokenizer."""
-    return [Path(params.paths.data, "preference"), Path(params.paths.models, "sft"), Path(params.paths.tokenizer)]
+class Reward(TrainerStage):
+    """models/sft + a new score head → models/reward on data/preference with TRL's `RewardTrainer`."""
+
+    name = "reward"
+
+    def config(self, run_dir: Path):
+        return reward_config(self.params, run_dir)
+
+    def load_model(self):
+        """The SFT model with a new one-output score head, initialised from ``reward.seed``."""
+        from transformers import set_seed
+
+        set_seed(self.cfg.seed)  # the score head is initialised at load
+        return load_model(self.base, self.missing_base, num_labels=1, trust_remote_code=self.trust_remote_code)
+
+    def datasets(self):
+        train = load_split(self.data / "train.jsonl", COLUMNS, self.cfg.num_samples, optional=("margin",))
+        valid = load_split(self.data / "validation.jsonl", COLUMNS, self.cfg.max_eval_samples, optional=("margin",))
+        return train, valid
+
+    def make_trainer(self, model, args, train, valid, callbacks: list):
+        from trl import RewardTrainer
+
+        return RewardTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid,
+                             processing_class=self.tokenizer, callbacks=callbacks)  # fmt: skip
+
+    def check_trainer(self, trainer, num_train: int, num_valid: int) -> dict[str, float]:
+        return trainer_preference_signal("reward", trainer, num_train, num_valid, self.cfg.max_length, truncates=False)
+
+    def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
+        """:func:`pairwise_metrics` of the saved model on the held-out test pairs."""
+        trainer.accelerator.wait_for_everyone()  # rank 0 has saved the model
+        saved = load_model(
+            self.params.paths.out(self.params.paths.models, "reward"), "the reward stage did not save it", num_labels=1
+        )
+        test = load_split(self.data / "test.jsonl", COLUMNS, optional=("corruption",))
+        return pairwise_metrics(saved, self.tokenizer, test, self.cfg.per_device_eval_batch_size)
 
 
 def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
@@ -130,35 +164,4 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
             was trained with another tokenizer; more than half of the training pairs (or every validation pair)
             identical.
     """
-    from transformers import set_seed
-    from trl import RewardTrainer
-
-    cfg = params.reward
-    data, base, _ = inputs(params)
-    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
-    set_seed(cfg.seed)  # the score head is initialised at load
-    missing = "run the sft stage first (dvc repro sft)"
-    model = load_model(base, missing, num_labels=1, trust_remote_code=trust_remote_code)  # before hashing base
-    check_same_tokenizer(base, tokenizer, params.paths.tokenizer)
-    run = open_run(params, "reward", inputs(params), resume)
-    train = load_split(data / "train.jsonl", COLUMNS, cfg.num_samples, optional=("margin",))
-    valid = load_split(data / "validation.jsonl", COLUMNS, cfg.max_eval_samples, optional=("margin",))
-    trainer = RewardTrainer(
-        model=model,
-        args=reward_config(params, run.path),
-        train_dataset=train,
-        eval_dataset=valid,
-        processing_class=tokenizer,
-        callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "reward", "tensorboard"))],
-    )
-    counts = preference_signal("reward", "train", len(train), trainer.train_dataset, cfg.max_length, truncates=False)
-    counts |= preference_signal("reward", "eval", len(valid), trainer.eval_dataset, cfg.max_length, truncates=False)
-    metrics = train_stage(trainer, params, "reward", run, tokenizer)
-    metrics.update(counts)
-    trainer.accelerator.wait_for_everyone()  # rank 0 has saved the model
-    saved = load_model(
-        params.paths.out(params.paths.models, "reward"), "the reward stage did not save it", num_labels=1
-    )
-    test = load_split(data / "test.jsonl", COLUMNS, optional=("corruption",))
-    metrics.update(pairwise_metrics(saved, tokenizer, test, cfg.per_device_eval_batch_size))
-    return metrics
+    return Reward(params, trust_remote_code).run(resume)

@@ -14,11 +14,10 @@ from pathlib import Path
 
 from llmpipe.config import Params
 from llmpipe.data.loading import load_split
-from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
+from llmpipe.stages.base import TrainerStage
 from llmpipe.train.arguments import training_kwargs
-from llmpipe.train.checkpoints import ResumeRequest, open_run
+from llmpipe.train.checkpoints import ResumeRequest
 from llmpipe.train.guards import MaskedBatchGuard, check_no_signal, count_fully_truncated
-from llmpipe.train.loop import tensorboard_callback, train_stage
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +36,39 @@ def sft_config(params: Params, run_dir: Path):
     )
 
 
-def inputs(params: Params) -> list[Path]:
-    """What the run reads (its checkpoint fingerprint hashes them): the SFT data, models/pretrain, the tokenizer."""
-    return [Path(params.paths.data, "sft"), Path(params.paths.models, "pretrain"), Path(params.paths.tokenizer)]
+class SFT(TrainerStage):
+    """models/pretrain → models/sft on data/sft with TRL's `SFTTrainer`."""
+
+    name = "sft"
+    data_first = True  # the truncation counts need only the tokenizer
+
+    def config(self, run_dir: Path):
+        return sft_config(self.params, run_dir)
+
+    def datasets(self):
+        train = load_split(self.data / "train.jsonl", ("messages",), self.cfg.num_samples)
+        valid = load_split(self.data / "validation.jsonl", ("messages",), self.cfg.max_eval_samples)
+        return train, valid
+
+    def check_data(self, train, valid) -> dict[str, float]:
+        """Count the samples with no assistant token within ``sft.max_length`` per split; refuse too many."""
+        cfg, counts = self.cfg, {}
+        for key, split, training in (("num_fully_truncated", train, True), ("num_fully_truncated_eval", valid, False)):
+            counts[key] = count_fully_truncated(split["messages"], self.tokenizer, cfg.max_length,
+                                                cfg.assistant_only_loss)  # fmt: skip
+            kind = "training" if training else "validation"
+            what = f"sft: {kind} samples with no completion token within sft.max_length={cfg.max_length}"
+            log.info("%s: %d of %d", what, counts[key], len(split))
+            check_no_signal(counts[key], len(split), what, "raise sft.max_length", training)
+        return counts
+
+    def make_trainer(self, model, args, train, valid, callbacks: list):
+        from trl import SFTTrainer
+
+        trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid,
+                             processing_class=self.tokenizer, callbacks=callbacks)  # fmt: skip
+        trainer.data_collator = MaskedBatchGuard(trainer.data_collator, "sft.max_length")
+        return trainer
 
 
 def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
@@ -62,30 +91,4 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
             of the training samples (or every validation sample) are fully truncated, or a batch has no label
             (both name ``sft.max_length``).
     """
-    from trl import SFTTrainer
-
-    cfg = params.sft
-    data, base, _ = inputs(params)
-    tokenizer = load_tokenizer(params.paths.tokenizer, trust_remote_code)
-    train = load_split(data / "train.jsonl", ("messages",), cfg.num_samples)
-    valid = load_split(data / "validation.jsonl", ("messages",), cfg.max_eval_samples)
-    counts = {}
-    for key, split, training in (("num_fully_truncated", train, True), ("num_fully_truncated_eval", valid, False)):
-        counts[key] = count_fully_truncated(split["messages"], tokenizer, cfg.max_length, cfg.assistant_only_loss)
-        kind = "training" if training else "validation"
-        what = f"sft: {kind} samples with no completion token within sft.max_length={cfg.max_length}"
-        log.info("%s: %d of %d", what, counts[key], len(split))
-        check_no_signal(counts[key], len(split), what, "raise sft.max_length", training)
-    model = load_model(base, "run the pretrain stage first (dvc repro pretrain)", trust_remote_code=trust_remote_code)
-    check_same_tokenizer(base, tokenizer, params.paths.tokenizer)
-    run = open_run(params, "sft", inputs(params), resume)
-    trainer = SFTTrainer(
-        model=model,
-        args=sft_config(params, run.path),
-        train_dataset=train,
-        eval_dataset=valid,
-        processing_class=tokenizer,
-        callbacks=[tensorboard_callback(params.paths.out(params.paths.logs, "sft", "tensorboard"))],
-    )
-    trainer.data_collator = MaskedBatchGuard(trainer.data_collator, "sft.max_length")
-    return {**train_stage(trainer, params, "sft", run, tokenizer), **counts}
+    return SFT(params, trust_remote_code).run(resume)

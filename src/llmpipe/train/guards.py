@@ -118,14 +118,41 @@ def count_identical_pairs(pairs, max_length: int | None) -> int:
     that is the chosen one's first half, or differs only after `max_length` tokens.
 
     Args:
-        pairs: A TRL-prepared `datasets.Dataset`: ``chosen_ids`` and ``rejected_ids`` (token id lists), with
-            ``prompt_ids`` prepended when present (DPO keeps the prompt apart; the reward trainer does not).
+        pairs: A TRL-prepared `datasets.Dataset` in one of three shapes: ``chosen_ids`` and ``rejected_ids`` (token
+            id lists), with ``prompt_ids`` prepended when present (DPO keeps the prompt apart; the reward trainer
+            does not); ``chosen_input_ids`` and ``rejected_input_ids``, whole sequences TRL's CPO and ORPO trainers
+            already cut to their ``max_length`` (pairs with no completion token left go first, see
+            :func:`drop_no_completion`); or unpaired ``prompt_ids``, ``completion_ids`` and a boolean ``label``
+            (KTO), where an undesirable example with the same tokens as a desirable one is such a pair.
         max_length: Both sequences are cut to their first `max_length` tokens (TRL's ``keep_start``), as the
-            DPO collator does; None = compared whole.
+            DPO and KTO collators do; None = compared whole.
     """
-    prompts = pairs["prompt_ids"] if "prompt_ids" in pairs.column_names else [[]] * len(pairs)
+    columns = pairs.column_names
+    if "label" in columns:
+        sequences = [tuple((p + c)[:max_length]) for p, c in zip(pairs["prompt_ids"], pairs["completion_ids"])]
+        desirable = {s for s, label in zip(sequences, pairs["label"]) if label}
+        return sum(s in desirable for s, label in zip(sequences, pairs["label"]) if not label)
+    if "chosen_input_ids" in columns:
+        return sum(c == r and any(t != -100 for t in labels) for c, r, labels
+                   in zip(pairs["chosen_input_ids"], pairs["rejected_input_ids"], pairs["chosen_labels"]))  # fmt: skip
+    prompts = pairs["prompt_ids"] if "prompt_ids" in columns else [[]] * len(pairs)
     return sum((p + c)[:max_length] == (p + r)[:max_length]
                for p, c, r in zip(prompts, pairs["chosen_ids"], pairs["rejected_ids"]))
+
+
+def drop_no_completion(pairs):
+    """`pairs` without those TRL's CPO/ORPO trainers keep with no completion token (the prompt filled ``max_length``,
+    so every label of the chosen or the rejected sequence is -100): their length-normalised log-probability is 0/0,
+    a NaN loss. DPO and KTO drop such rows themselves, so :func:`preference_signal` counts them alike.
+
+    Args:
+        pairs: A CPO/ORPO-prepared `datasets.Dataset` (``chosen_labels``, ``rejected_labels``); other shapes are
+            returned as they are.
+    """
+    if "chosen_labels" not in pairs.column_names:
+        return pairs
+    return pairs.filter(lambda row: any(t != -100 for t in row["chosen_labels"])
+                        and any(t != -100 for t in row["rejected_labels"]))  # fmt: skip
 
 
 def preference_signal(stage: str, split: str, num_rows: int, prepared, max_length: int | None,
@@ -133,27 +160,34 @@ def preference_signal(stage: str, split: str, num_rows: int, prepared, max_lengt
     """Count a preference split's pairs without signal after TRL's preparation; warn or refuse them
     (:func:`check_no_signal`).
 
+    Paired data (``chosen``/``rejected``) and unpaired data (KTO: ``completion`` and a desirable/undesirable
+    ``label``) alike; for unpaired data the rows are examples, and an identical pair is an undesirable example
+    with a desirable one's tokens (its share is of the undesirable examples, as a pair's is of the pairs).
+
     Args:
         stage: ``dpo`` or ``reward`` (names the keys in messages).
         split: ``train`` or ``eval``.
-        num_rows: Pairs given to the trainer.
-        prepared: The trainer's prepared dataset (``trainer.train_dataset`` / ``eval_dataset``).
+        num_rows: Pairs (or unpaired examples) given to the trainer.
+        prepared: The trainer's prepared dataset (``trainer.train_dataset`` / ``eval_dataset``), in a shape of
+            :func:`count_identical_pairs`.
         max_length: The stage's ``max_length``.
-        truncates: True for DPO, which drops pairs whose prompt fills `max_length` and truncates the rest;
-            False for the reward trainer, which leaves out pairs longer than `max_length` instead.
+        truncates: True for DPO, KTO, CPO and ORPO, which cut sequences to `max_length` and drop the rows whose
+            prompt fills it (CPO and ORPO through :func:`drop_no_completion`); False for the reward trainer, which
+            leaves out pairs longer than `max_length` instead.
 
     Returns:
-        ``num_identical_pairs`` and ``num_fully_truncated`` (DPO) or ``num_too_long`` (reward), with an
-        ``_eval`` suffix for the validation split.
+        ``num_identical_pairs`` and ``num_fully_truncated`` (truncating trainers) or ``num_too_long`` (reward), with
+        an ``_eval`` suffix for the validation split.
 
     Raises:
         UserError: See :func:`check_no_signal`.
     """
     suffix = "" if split == "train" else "_eval"
     training = split == "train"
+    unpaired = "label" in prepared.column_names
     dropped = num_rows - len(prepared)
     identical = count_identical_pairs(prepared, max_length if truncates else None)
-    where = f"{stage}: {'training' if training else 'validation'} pairs"
+    where = f"{stage}: {'training' if training else 'validation'} {'examples' if unpaired else 'pairs'}"
     if truncates:
         what = f"{where} whose prompt fills {stage}.max_length={max_length} (TRL drops them)"
         check_no_signal(dropped, num_rows, what, f"raise {stage}.max_length", training)
@@ -161,8 +195,18 @@ def preference_signal(stage: str, split: str, num_rows: int, prepared, max_lengt
         log.info("%s longer than %s.max_length=%s, left out by TRL: %d of %d", where, stage, max_length, dropped,
                  num_rows)
     cut = f" within {stage}.max_length={max_length}" if truncates else ""
-    check_no_signal(identical, len(prepared), f"{where} whose chosen and rejected are the same tokens{cut}",
+    same = ("undesirable ones with a desirable one's tokens" if unpaired
+            else "whose chosen and rejected are the same tokens")  # fmt: skip
+    num_pairs = len(prepared) - sum(prepared["label"]) if unpaired else len(prepared)
+    check_no_signal(identical, num_pairs, f"{where}: {same}{cut}" if unpaired else f"{where} {same}{cut}",
                     f"raise {stage}.max_length or fix the preference data" if truncates else "fix the preference data",
                     training)
     return {f"num_identical_pairs{suffix}": identical,
             f"{'num_fully_truncated' if truncates else 'num_too_long'}{suffix}": dropped}
+
+
+def trainer_preference_signal(stage: str, trainer, num_train: int, num_valid: int, max_length: int | None,
+                              truncates: bool) -> dict[str, int]:
+    """:func:`preference_signal` of both splits of a preference trainer (`num_train`/`num_valid`: rows given to it)."""
+    counts = preference_signal(stage, "train", num_train, trainer.train_dataset, max_length, truncates)
+    return counts | preference_signal(stage, "eval", num_valid, trainer.eval_dataset, max_length, truncates)

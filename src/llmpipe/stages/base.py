@@ -1,0 +1,141 @@
+"""The shape every Trainer stage (sft, dpo, reward, grpo) shares: a base class that owns the prologue and epilogue.
+
+A stage subclasses :class:`TrainerStage` and states only what is its own: its ``<Method>Config`` mapping
+(:meth:`~TrainerStage.config`), its datasets, its trainer, its checks and its extra metrics. The base runs them
+in one order (:meth:`~TrainerStage.run`):
+
+1. load the tokenizer (``paths.tokenizer``);
+2. (``data_first`` stages) load and check the datasets;
+3. load the input model (its missing folder names the stage to run), refuse one trained with another tokenizer;
+4. open the run (`llmpipe.train.checkpoints.open_run`: the checkpoint folder, hashing the registry's inputs);
+5. load and check the datasets; build the trainer with a TensorBoard callback; check the prepared data;
+6. train, save and evaluate (`llmpipe.train.loop.train_stage`); add the stage's extra metrics.
+
+The input model loads before the run opens because hashing a missing folder would give a generic error, where
+loading it names the stage that makes it. pretrain (builds its model) and ppo (its own Accelerate loop) do not
+use this base.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from llmpipe.config import Params
+from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
+from llmpipe.stages import REGISTRY, input_paths
+from llmpipe.train.checkpoints import ResumeRequest, open_run
+from llmpipe.train.loop import tensorboard_callback, train_stage
+
+
+def model_input(name: str, params: Params) -> Path:
+    """The model folder stage `name` starts from: its one registry input under ``paths.models``."""
+    (path,) = [p for t, p in zip(REGISTRY[name].inputs, input_paths(name, params))
+               if t.startswith("${paths.models}/")]  # fmt: skip
+    return path
+
+
+def data_input(name: str, params: Params) -> Path:
+    """The data folder stage `name` reads: its first registry input under ``paths.data``."""
+    return next(p for t, p in zip(REGISTRY[name].inputs, input_paths(name, params)) if t.startswith("${paths.data}/"))
+
+
+class TrainerStage:
+    """A training stage on a Hugging Face / TRL `Trainer`; subclasses set :attr:`name` and fill in the hooks.
+
+    Attributes:
+        name: The stage (registry name, params section, ``models/<name>`` output).
+        data_first: Load and check the datasets before the input model (sft: its truncation counts need only
+            the tokenizer, so a data mistake is named before minutes of model loading).
+        params: Validated params.
+        cfg: The stage's own section (``params.<name>``).
+        trust_remote_code: Load model/tokenizer folders with pickled weights or ``auto_map`` code.
+        tokenizer: The pipeline tokenizer, set by :meth:`run` before any hook runs.
+        data: The stage's data folder (``data/<kind>``, from the registry).
+        base: The input model folder (``models/<stage>``, from the registry).
+    """
+
+    name: ClassVar[str]
+    data_first: ClassVar[bool] = False
+
+    def __init__(self, params: Params, trust_remote_code: bool = False) -> None:
+        self.params, self.cfg, self.trust_remote_code = params, params.stage(self.name), trust_remote_code
+        self.data, self.base = data_input(self.name, params), model_input(self.name, params)
+        self.tokenizer: Any = None
+
+    @property
+    def missing_base(self) -> str:
+        """The fix when the input model folder is missing: the stage that writes it."""
+        return f"run the {self.base.name} stage first (dvc repro {self.base.name})"
+
+    # --- hooks: what a stage states -------------------------------------------------------------------------------
+
+    def config(self, run_dir: Path):
+        """Our params → the stage's `trl.<Method>Config` (or `TrainingArguments`), field by field."""
+        raise NotImplementedError
+
+    def datasets(self) -> tuple[Any, Any]:
+        """The training and validation datasets, as the trainer takes them."""
+        raise NotImplementedError
+
+    def make_trainer(self, model, args, train, valid, callbacks: list):
+        """The stage's trainer on `model` with `args` (:meth:`config`), the datasets and `callbacks`."""
+        raise NotImplementedError
+
+    def check_data(self, train, valid) -> dict[str, float]:
+        """Checks on the raw datasets (before any model loads when :attr:`data_first`); returns counts for the
+        metrics. Raises UserError to refuse them."""
+        return {}
+
+    def check_trainer(self, trainer, num_train: int, num_valid: int) -> dict[str, float]:
+        """Checks on the trainer's prepared datasets (`num_train`/`num_valid`: rows given to it); returns counts for
+        the metrics. Raises UserError to refuse them."""
+        return {}
+
+    def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
+        """Metrics beyond :func:`~llmpipe.train.loop.train_stage`'s, after training (`metrics`: those so far)."""
+        return {}
+
+    def load_model(self):
+        """The model to train, from :attr:`base` (raises UserError naming the stage to run when it is missing)."""
+        return load_model(self.base, self.missing_base, trust_remote_code=self.trust_remote_code)
+
+    # --- the run ----------------------------------------------------------------------------------------------------
+
+    def inputs(self) -> list[Path]:
+        """What the run reads (its checkpoint fingerprint hashes them): the registry's inputs of the stage."""
+        return input_paths(self.name, self.params)
+
+    def _datasets(self) -> tuple[Any, Any, dict[str, float]]:
+        train, valid = self.datasets()
+        return train, valid, self.check_data(train, valid)
+
+    def run(self, resume: ResumeRequest | None = None) -> dict[str, float]:
+        """Train the stage (the order of the module docstring); save ``models/<name>``; return its metrics.
+
+        Args:
+            resume: The command line's resume choices (`llmpipe.train.checkpoints.open_run`); None resumes the
+                newest whole checkpoint of the same run.
+
+        Returns:
+            The metrics of :func:`llmpipe.train.loop.train_stage`, then the counts of :meth:`check_data` and
+            :meth:`check_trainer`, then :meth:`extra_metrics`.
+
+        Raises:
+            UserError: A missing or refused input, an input model trained with another tokenizer, or a refusal of
+                the stage's checks.
+        """
+        params = self.params
+        self.tokenizer = load_tokenizer(params.paths.tokenizer, self.trust_remote_code)
+        early = self._datasets() if self.data_first else None
+        model = self.load_model()
+        check_same_tokenizer(self.base, self.tokenizer, params.paths.tokenizer)
+        run = open_run(params, self.name, self.inputs(), resume)
+        train, valid, counts = early or self._datasets()
+        callbacks = [tensorboard_callback(params.paths.out(params.paths.logs, self.name, "tensorboard"))]
+        trainer = self.make_trainer(model, self.config(run.path), train, valid, callbacks)
+        counts |= self.check_trainer(trainer, len(train), len(valid))
+        metrics = train_stage(trainer, params, self.name, run, self.tokenizer)
+        metrics.update(counts)
+        metrics.update(self.extra_metrics(trainer, metrics))
+        return metrics
