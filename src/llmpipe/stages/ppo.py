@@ -50,7 +50,7 @@ from llmpipe.rl.ppo.loop import REWARD_MISSING, PPORun, load_value_model, prompt
 from llmpipe.rl.ppo.losses import RunningMeanStd
 from llmpipe.rl.prompts import IndexStream, Prompts, load_prompts
 from llmpipe.train.arguments import resolve_precision, training_kwargs
-from llmpipe.train.callbacks import kill_at_step, maybe_kill, write_ledger
+from llmpipe.train.callbacks import kill_at_step, maybe_kill, reapply_schedule, write_ledger
 from llmpipe.train.checkpoints import PREFIX, ResumeRequest, newest_whole, open_run, rotate
 from llmpipe.train.loop import write_plots
 from llmpipe.train.profiling import StepProfiler
@@ -302,6 +302,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     state: dict[str, Any] = {"step": 0, "history": [], "log_history": []}
     if run.resume:
         ppo.accelerator.load_state(str(run.resume))
+        reapply_schedule(ppo.scheduler)  # the stored rate is the old schedule's: see reapply_schedule
         state = json.loads((run.resume / "trainer_state.json").read_text())
         ppo.load_positions(state.pop("positions"))
         log.info("ppo: resuming from %s (step %d)", run.resume, state["step"])

@@ -26,6 +26,7 @@ from llmpipe.train.callbacks import (
     FirstStepLog,
     KillAtStep,
     NonFiniteLossGuard,
+    ResumedSchedule,
     RotateCheckpoints,
     kill_at_step,
     write_ledger,
@@ -137,6 +138,7 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
         log.info("%s: fresh run in %s", stage, run.path)
     ledger = BatchLedger()
     ledger.attach(trainer)
+    trainer.add_callback(ResumedSchedule())
     trainer.add_callback(RotateCheckpoints(params.stage(stage).save_total_limit))
     trainer.add_callback(FirstStepLog(stage))
     trainer.add_callback(NonFiniteLossGuard(trainer, stage))
