@@ -1,9 +1,11 @@
 """Runtime rules of the training stages, each once a defect: a raised step budget trains its next step at the rate
-of the longer schedule (not the rate the old one ended on, 0.0 for ``linear``)."""
+of the longer schedule (not the rate the old one ended on, 0.0 for ``linear``); a budget below the newest
+checkpoint trains a shorter run in a folder of its own, leaving the longer run's checkpoints."""
 
 from __future__ import annotations
 
 import csv
+import logging
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,30 @@ def test_a_raised_budget_trains_on_at_the_longer_schedules_rate(stagedir, stage,
     assert want > 0 and _logged_lr(tmp_path, stage, steps + 1) == pytest.approx(want, rel=1e-6)
     after = load_file(tmp_path / "models" / stage / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before), "the extra step left the weights as they were"
+
+
+@pytest.mark.slow
+def test_a_budget_below_the_newest_checkpoint_trains_a_shorter_run_of_its_own(stagedir, tmp_path, monkeypatch, caplog):
+    """What ``dvc exp run -S pretrain.max_steps=6`` after a finished 12-step run does: DVC has deleted
+    models/pretrain and cannot pass --restart, so the stage must train without being told how."""
+    monkeypatch.chdir(stagedir)
+    full = _run("pretrain", tmp_path)
+    (run,) = (tmp_path / "checkpoints" / "pretrain").iterdir()
+    kept = sorted(p.name for p in run.iterdir())
+    assert "checkpoint-12" in kept
+
+    with caplog.at_level(logging.INFO, logger="llmpipe.train.checkpoints"):
+        short = _run("pretrain", tmp_path, max_steps=6)
+
+    assert (short["resumed_from_step"], short["steps"]) == (0, 6)
+    ledger = csv.DictReader((tmp_path / "logs" / "pretrain" / "batches.csv").open())
+    assert [int(r["step"]) for r in ledger] == list(range(1, 7))
+    (line,) = [r.getMessage() for r in caplog.records if "is below step 12" in r.getMessage()]
+    assert "pretrain.max_steps (6)" in line and f"{run.name}-steps-6" in line, line
+    assert sorted(p.name for p in run.iterdir()) == kept, "the longer run's checkpoints were touched"
+    assert sorted(p.name for p in (run.parent / f"{run.name}-steps-6").glob("checkpoint-*")) == ["checkpoint-6"]
+
+    # The short run started again is finished; raising the budget back finds the longer run, finished too.
+    assert _run("pretrain", tmp_path, max_steps=6)["resumed_from_step"] == 6
+    again = _run("pretrain", tmp_path)
+    assert (again["resumed_from_step"], again["steps"], again["eval_loss"]) == (12, 12, full["eval_loss"])
