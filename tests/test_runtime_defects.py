@@ -1,6 +1,7 @@
-"""Runtime rules of the training stages, each once a defect: a raised step budget trains its next step at the rate
-of the longer schedule (not the rate the old one ended on, 0.0 for ``linear``); a budget below the newest
-checkpoint trains a shorter run in a folder of its own, leaving the longer run's checkpoints."""
+"""Three runtime rules of the training stages, each once a defect: a raised step budget trains its next step at
+the rate of the longer schedule (not the rate the old one ended on, 0.0 for ``linear``); a budget below the newest
+checkpoint trains a shorter run in a folder of its own, leaving the longer run's checkpoints; a precision the
+device cannot run is refused before any work, naming the key where it was set."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from conftest import TINY_PARAMS, deep_merge
 from safetensors.torch import load_file
 
 from llmpipe import stages
+from llmpipe.cli import main
 from llmpipe.config import load_params
 from llmpipe.train.callbacks import reapply_schedule
 
@@ -140,3 +142,32 @@ def test_a_budget_below_the_newest_checkpoint_trains_a_shorter_run_of_its_own(st
     assert _run("pretrain", tmp_path, max_steps=6)["resumed_from_step"] == 6
     again = _run("pretrain", tmp_path)
     assert (again["resumed_from_step"], again["steps"], again["eval_loss"]) == (12, 12, full["eval_loss"])
+
+
+# ---- a precision the device cannot run --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def _restore_logging():
+    """`main` points the root logger at the captured stderr; give the next test its own handlers back."""
+    handlers = logging.getLogger().handlers[:]
+    yield
+    logging.getLogger().handlers[:] = handlers
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is valid on a CUDA device")
+@pytest.mark.usefixtures("_restore_logging")
+@pytest.mark.parametrize(("section", "named"), [("dpo", "dpo.precision"), ("train", "train.precision")])
+def test_fp16_on_cpu_is_refused_before_any_work_naming_where_it_was_set(
+    tiny_sft, section, named, tmp_path, monkeypatch, capsys
+):
+    raw = deep_merge(yaml.safe_load(TINY_PARAMS), {section: {"precision": "fp16"}})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tiny_sft)
+
+    code = main(["--task", "dpo", "--config-path", str(tmp_path / "params.yaml"), "--output-dir", str(tmp_path)])
+
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("llm-train: error:")]
+    assert code == 2 and line == f"llm-train: error: {named}: fp16 needs a CUDA device; use bf16, auto or fp32 on CPU"
+    assert not (tmp_path / "checkpoints" / "dpo").exists() and not (tiny_sft / "checkpoints").exists()
