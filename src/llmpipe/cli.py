@@ -128,6 +128,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from llmpipe.config import load_params
     from llmpipe.core.io import write_json
     from llmpipe.distributed.launch import finish, is_main_process, needs_launch, relaunch, under_launcher
+    from llmpipe.train.arguments import check_device_params
     from llmpipe.train.checkpoints import ResumeRequest, describe_runs
 
     try:
@@ -172,6 +173,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         if task not in stages.LOADING_TASKS:
             raise UserError(f"--trust-remote-code: --task {task} loads no model or tokenizer; drop the flag")
         kwargs["trust_remote_code"] = True
+    check_device_params(params, task)  # before a model loads or a run folder is made, and before a relaunch
     if task in stages.DISTRIBUTED_TASKS and needs_launch(params.distributed) and not under_launcher():
         relaunch(params, task, argv)  # does not return: the same command, under accelerate launch
     run = stages.runner(task)

@@ -86,9 +86,11 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
             merged[name] = {**train, **own}
             origin[name] = {k: ("train" if k not in own else name) for k in merged[name]}
     try:
-        return Params.model_validate(merged)
+        params = Params.model_validate(merged)
     except ValidationError as err:
         raise ParamsError(_format_errors(err, source, origin)) from None
+    params._origin.update(origin)  # device-dependent checks name the key where a value was set (Params.source_of)
+    return params
 
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:

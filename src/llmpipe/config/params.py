@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import model_validator
+from pydantic import PrivateAttr, model_validator
 
 from llmpipe.config.data import DataParams, TokenizerParams
 from llmpipe.config.distributed import DistributedParams
@@ -39,6 +39,9 @@ class Params(Section):
     regression: RegressionParams = RegressionParams()
     eval: EvalParams = EvalParams()
     orchestration: OrchestrationParams = OrchestrationParams()
+    _origin: dict[str, dict[str, str]] = PrivateAttr(default_factory=dict)
+    """Per training stage, the section each merged key was written in (``train`` or the stage's own), set by
+    `llmpipe.config.loading.parse_params`; private, so the schema and `model_dump` stay as users write them."""
 
     @model_validator(mode="after")
     def _warmup_within_max_steps(self) -> Params:
@@ -82,6 +85,23 @@ class Params(Section):
                 f"({processes}) must be a multiple of grpo.num_generations ({g.num_generations})"
             )
         return self
+
+    def source_of(self, stage: str, key: str) -> str:
+        """Where the value of `stage`'s `key` was set, as the params key to name in a message: ``dpo.precision`` when
+        params.yaml (or an override) set it under ``dpo``, ``train.precision`` when the stage inherited it from
+        ``train`` or took the default (``train`` is where one value for every stage goes).
+
+        Args:
+            stage: A training stage (one of `llmpipe.stages.TRAINING_TASKS`) or ``train``.
+            key: A field of its section.
+
+        Returns:
+            ``<section>.<key>``.
+        """
+        section = self._origin.get(stage, {}).get(key)
+        if section is None:  # not merged by parse_params: the stage's own value if it set one, else a default
+            section = stage if key in self.stage(stage).model_fields_set else "train"
+        return f"{section}.{key}"
 
     def stage(self, name: str) -> TrainParams:
         """The merged training params of stage `name` (one of `llmpipe.stages.TRAINING_TASKS`, or ``train`` itself)."""

@@ -9,17 +9,21 @@ from typing import Any
 
 from llmpipe.config import Params, TrainParams
 from llmpipe.core.errors import UserError
-from llmpipe.stages import REGISTRY
+from llmpipe.stages import REGISTRY, TRAINING_TASKS
 
 log = logging.getLogger(__name__)
 
 
-def resolve_precision(precision: str) -> tuple[bool, bool]:
-    """Map ``train.precision`` to ``(bf16, fp16)`` for the device this process will train on.
+def resolve_precision(precision: str, key: str = "train.precision") -> tuple[bool, bool]:
+    """Map a stage's ``precision`` to ``(bf16, fp16)`` for the device this process will train on.
 
     `auto` is bf16 on a CUDA device that supports it, or on a CPU with native bf16 (AVX512-BF16/AMX);
     otherwise fp32. An explicit bf16 on a CPU without native bf16 is honoured with a warning: its matmuls
     are emulated, far slower than fp32 (see docs/LOG.md).
+
+    Args:
+        precision: ``auto``, ``bf16``, ``fp16`` or ``fp32``.
+        key: The params key the value was set under, for messages (`Params.source_of`).
 
     Raises:
         UserError: fp16 was asked for without a CUDA device, or bf16 on a GPU that lacks it.
@@ -31,20 +35,36 @@ def resolve_precision(precision: str) -> tuple[bool, bool]:
         return False, False
     if precision == "fp16":
         if not cuda:
-            raise UserError("train.precision: fp16 needs a CUDA device; use bf16, auto or fp32 on CPU")
+            raise UserError(f"{key}: fp16 needs a CUDA device; use bf16, auto or fp32 on CPU")
         return False, True
     if cuda:
         supported = torch.cuda.is_bf16_supported()
     else:
         supported = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     if precision == "bf16" and cuda and not supported:
-        raise UserError("train.precision: this GPU has no bf16; use fp16, auto or fp32")
+        raise UserError(f"{key}: this GPU has no bf16; use fp16, auto or fp32")
     if precision == "bf16" and not cuda and not supported:
         log.warning(
-            "train.precision: bf16 on a CPU without native bf16 (AVX512-BF16/AMX) emulates its matmuls, "
-            "about 20x slower than fp32 on a 2-core AVX2 machine; auto picks fp32 here"
+            "%s: bf16 on a CPU without native bf16 (AVX512-BF16/AMX) emulates its matmuls, "
+            "about 20x slower than fp32 on a 2-core AVX2 machine; auto picks fp32 here", key
         )
     return (precision == "bf16" or supported), False
+
+
+def check_device_params(params: Params, stage: str) -> None:
+    """Refuse params the device cannot run before a training stage does any work (`llm-train` calls it before the
+    stage loads a model or opens its run folder): today the stage's ``precision``.
+
+    Args:
+        params: Validated params.
+        stage: The task being run; a stage that does not train is not checked.
+
+    Raises:
+        UserError: See :func:`resolve_precision`; the message names the key where the value was set
+            (``dpo.precision`` under ``dpo``, ``train.precision`` when inherited).
+    """
+    if stage in TRAINING_TASKS:
+        resolve_precision(params.stage(stage).precision, params.source_of(stage, "precision"))
 
 
 def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, Any]:
@@ -62,7 +82,7 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
 
     t: TrainParams = params.stage(stage)
     best_metric, greater_is_better = REGISTRY[stage].best_metric
-    bf16, fp16 = resolve_precision(t.precision)
+    bf16, fp16 = resolve_precision(t.precision, params.source_of(stage, "precision"))
     return {
         "output_dir": str(output_dir),
         "learning_rate": t.lr,

@@ -1,6 +1,7 @@
 """The Trainer callbacks every training stage gets from `llmpipe.train.loop.train_stage`: the batch ledger, the
-checkpoint rotation that keeps the best, the first-step log line, the NaN/inf guard, and fault injection for the
-resume tests (the PPO loop, which has no Trainer, uses the ledger digest and the fault injection directly)."""
+learning rate of a resumed schedule, the checkpoint rotation that keeps the best, the first-step log line, the
+NaN/inf guard, and fault injection for the resume tests (the PPO loop, which has no Trainer, uses the ledger digest,
+the schedule fix and the fault injection directly)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,48 @@ def write_ledger(rows: list[list[Any]], log_dir: Path) -> None:
         writer = csv.writer(fh)
         writer.writerow(["step", "sha"])
         writer.writerows(rows)
+
+
+def reapply_schedule(scheduler) -> list[float] | None:
+    """Set the optimizer's learning rates to what `scheduler` gives at its current step; returns them.
+
+    A resumed run loads the optimizer and scheduler states of its checkpoint, and both carry the learning rate the
+    checkpoint's own schedule reached: for a finished run whose `max_steps` was raised, its end (0.0 for
+    ``linear``). The schedule's shape (`max_steps`, warmup) comes from the current params, but the optimizer takes
+    its next step at the stored rate, and the scheduler only recomputes it after that step. Recomputing it here
+    gives the next step the rate an uninterrupted run of the current budget has there; a resume at the same budget
+    computes the very value the checkpoint holds, so it changes nothing.
+
+    Args:
+        scheduler: A `torch.optim.lr_scheduler.LambdaLR` (every schedule of transformers' `get_scheduler` that
+            ``lr_scheduler_type`` allows), bare or wrapped by Accelerate's `AcceleratedScheduler` (`.scheduler`).
+
+    Returns:
+        The learning rates set, one per parameter group, or None for another scheduler (left as it is).
+    """
+    from torch.optim.lr_scheduler import LambdaLR
+
+    inner = getattr(scheduler, "scheduler", scheduler)
+    if not isinstance(inner, LambdaLR):
+        return None
+    lrs = [base * fn(inner.last_epoch) for fn, base in zip(inner.lr_lambdas, inner.base_lrs, strict=True)]
+    for group, lr in zip(inner.optimizer.param_groups, lrs, strict=True):
+        if hasattr(group["lr"], "fill_"):  # a tensor lr (capturable optimizers) is updated in place
+            group["lr"].fill_(float(lr))
+        else:
+            group["lr"] = lr
+    inner._last_lr = list(lrs)  # what get_last_lr(), and so the Trainer's logged learning_rate, returns
+    return lrs
+
+
+class ResumedSchedule(TrainerCallback):
+    """Trainer callback: on a resumed run, the first step trains at the rate of the current schedule
+    (:func:`reapply_schedule`). `on_train_begin` comes after `Trainer._inner_training_loop` has created the
+    scheduler of the current `max_steps` and loaded the checkpoint's optimizer and scheduler states into it."""
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
+        if state.global_step > 0 and lr_scheduler is not None:
+            reapply_schedule(lr_scheduler)
 
 
 KILL_AT_STEP_ENV = "LLMPIPE_KILL_AT_STEP"

@@ -245,6 +245,30 @@ def _explicit(request: ResumeRequest, stage: str, ident: dict[str, Any], flag: s
     return path
 
 
+def _longer_run(checkpoint: Path | None, budget: int) -> int | None:
+    """The step of `checkpoint` when it belongs to a run longer than `budget` steps (its step is past the budget,
+    and so is the ``max_steps`` its Trainer state planned, when it records one), else None.
+
+    The planned ``max_steps`` keeps a finished FSDP/DeepSpeed run, which the HF Trainer resumes one step past its
+    budget, the same run.
+    """
+    step = step_of(checkpoint) if checkpoint is not None and budget > 0 else None
+    if step is None or step <= budget:
+        return None
+    planned = json.loads((checkpoint / STATE_FILE).read_text()).get("max_steps", step)
+    return step if planned > budget else None
+
+
+def _shorter_run(path: Path, stage: str, budget: int, newest: Path, step: int) -> Path:
+    """The folder of a `budget`-step run beside the longer run `path` (whose newest checkpoint is `newest` at
+    `step`): ``<fingerprint>-steps-<budget>``, logged in one line."""
+    short = path.with_name(f"{path.name}-steps-{budget}")
+    log.info("%s: %s.max_steps (%d) is below step %d of this run's newest checkpoint %s: training a %d-step run "
+             "from step 0 in %s; the longer run's checkpoints stay (raise %s.max_steps to %d or more to go on "
+             "with it)", stage, stage, budget, step, newest, budget, short, stage, step)  # fmt: skip
+    return short
+
+
 def open_run(params: Params, stage: str, inputs: list[Path], request: ResumeRequest | None = None) -> Run:
     """The run folder of `stage` with these params and inputs, and the checkpoint to resume.
 
@@ -252,6 +276,13 @@ def open_run(params: Params, stage: str, inputs: list[Path], request: ResumeRequ
     own folder from step 0); ``--resume-from`` names one, which must belong to the same run up to its code (a
     run of other llmpipe code is resumed with a warning); ``--restart`` moves
     the run's folder aside and trains from step 0. The identity is written to ``fingerprint.json``.
+
+    A step budget (``max_steps``) below the newest checkpoint of the run, without ``--resume-from``, is another,
+    shorter run: it trains from step 0 in ``<fingerprint>-steps-<max_steps>/`` (its schedule is not the longer
+    run's, so no checkpoint of that run would continue it), resuming that folder when it exists; the longer run's
+    folder is left untouched, so raising the budget back resumes it (``--restart`` moves aside the shorter run's
+    folder, not the longer one). A DVC experiment cannot pass ``--restart``, so this is what
+    ``dvc exp run -S <stage>.max_steps=<fewer>`` gets.
 
     Raises:
         UserError: ``--resume-from`` names a missing or damaged checkpoint, or one of another run (the message
@@ -261,13 +292,19 @@ def open_run(params: Params, stage: str, inputs: list[Path], request: ResumeRequ
     ident = identity(params, stage, inputs)
     path = params.paths.out(params.paths.checkpoints, stage, fingerprint_of(ident))
     resume = _explicit(request, stage, ident) if request.from_path else None
+    longer, newest = path, None if resume else newest_whole(path)
+    budget = params.stage(stage).resolved_max_steps
+    if (step := _longer_run(newest, budget)) is not None:
+        path = _shorter_run(path, stage, budget, newest, step)
+        newest = newest_whole(path)
     if request.restart and path.exists() and is_main_process():
         aside = path.with_name(f"{path.name}-restarted-{time.strftime('%Y%m%d-%H%M%S')}")
         path.rename(aside)
         log.warning("%s: --restart: the run's earlier checkpoints are kept in %s", stage, aside)
     elif resume is None and not request.restart:
-        resume = newest_whole(path)
-    others = [p.name for p in path.parent.iterdir() if p.is_dir() and p != path] if path.parent.is_dir() else []
+        resume = newest
+    others = [p.name for p in path.parent.iterdir() if p.is_dir() and p not in (path, longer)] \
+        if path.parent.is_dir() else []  # fmt: skip
     if resume is None and others:
         log.info("%s: %d other run folder(s) beside this one, with other params, inputs or code (not resumed); "
                  "llm-train --task %s --list-checkpoints shows how they differ", stage, len(others), stage)  # fmt: skip

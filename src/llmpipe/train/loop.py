@@ -26,6 +26,7 @@ from llmpipe.train.callbacks import (
     FirstStepLog,
     KillAtStep,
     NonFiniteLossGuard,
+    ResumedSchedule,
     RotateCheckpoints,
     kill_at_step,
     write_ledger,
@@ -96,15 +97,17 @@ def _finished_run(trainer, params: Params, stage: str, run: Run) -> bool:
     FSDP or DeepSpeed, where a finished run is resumed as any other and trains one step past `max_steps`).
 
     Raises:
-        UserError: The checkpoint is past `max_steps`.
+        UserError: The checkpoint is past `max_steps` (only one named by ``--resume-from``: without it,
+            `checkpoints.open_run` trains a shorter budget as a run of its own).
     """
     max_steps = trainer.args.max_steps
     if run.resume is None or max_steps <= 0 or run.resumed_step < max_steps:
         return False
     if run.resumed_step > max_steps:
         raise UserError(
-            f"{stage}: the newest checkpoint {run.resume} is at step {run.resumed_step}, past {stage}.max_steps "
-            f"({max_steps}); raise {stage}.max_steps, --resume-from an earlier checkpoint, or pass --restart"
+            f"{stage}: the checkpoint {run.resume} is at step {run.resumed_step}, past {stage}.max_steps "
+            f"({max_steps}); raise {stage}.max_steps, --resume-from an earlier checkpoint, or drop --resume-from "
+            f"(a {max_steps}-step run then trains from step 0 in a folder of its own)"
         )
     return params.distributed.strategy not in ("fsdp", "deepspeed")
 
@@ -116,7 +119,7 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
     weights); the per-step logs and the batch ledger to ``logs/<stage>/``.
 
     Raises:
-        UserError: The checkpoint to resume is past the stage's `max_steps` (from a longer run).
+        UserError: The checkpoint named by ``--resume-from`` is past the stage's `max_steps` (from a longer run).
 
     Returns:
         ``train_loss`` (mean of the logged training losses over the whole run, the part before a resume
@@ -137,6 +140,7 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
         log.info("%s: fresh run in %s", stage, run.path)
     ledger = BatchLedger()
     ledger.attach(trainer)
+    trainer.add_callback(ResumedSchedule())
     trainer.add_callback(RotateCheckpoints(params.stage(stage).save_total_limit))
     trainer.add_callback(FirstStepLog(stage))
     trainer.add_callback(NonFiniteLossGuard(trainer, stage))

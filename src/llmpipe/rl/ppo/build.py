@@ -121,7 +121,7 @@ def build(
     num_steps = total_steps(cfg, len(train.ids))
     scheduler = get_scheduler(cfg.lr_scheduler_type, optimizer, cfg.warmup_steps, num_steps)
 
-    bf16, fp16 = resolve_precision(cfg.precision)
+    bf16, fp16 = resolve_precision(cfg.precision, params.source_of("ppo", "precision"))
     mixed_precision = "bf16" if bf16 else "fp16" if fp16 else "no"
     accelerator = Accelerator(mixed_precision=mixed_precision, cpu=not torch.cuda.is_available())
     check_world(params, accelerator)  # a hand-made launcher must not run N unsynchronised copies

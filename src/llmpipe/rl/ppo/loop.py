@@ -36,7 +36,7 @@ from llmpipe.rl.ppo.losses import logprobs_from_logits, policy_loss, value_loss
 from llmpipe.rl.ppo.rollout import Rollout, chunks, hidden_states, response_logits
 from llmpipe.rl.progress import first_last_tenths, tenth
 from llmpipe.rl.prompts import IndexStream
-from llmpipe.train.callbacks import batch_digest, kill_at_step, maybe_kill
+from llmpipe.train.callbacks import batch_digest, kill_at_step, maybe_kill, reapply_schedule
 from llmpipe.train.checkpoints import PREFIX, newest_whole, rotate
 from llmpipe.train.profiling import StepProfiler
 from llmpipe.train.throughput import peak_memory_gb
@@ -257,6 +257,7 @@ def resume(run: PPORun, checkpoint: Path | None, run_dir: Path) -> dict[str, Any
         log.info("ppo: fresh run in %s", run_dir)
         return {"step": 0, "history": [], "log_history": []}
     run.accelerator.load_state(str(checkpoint))
+    reapply_schedule(run.scheduler)  # the stored rate is the old schedule's: see reapply_schedule
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     run.load_positions(state.pop("positions"))
     log.info("ppo: resuming from %s (step %d)", checkpoint, state["step"])
