@@ -13,8 +13,9 @@ hand run with `--output-dir` in a temporary folder, so the DVC outputs stay up t
 to its log line ``<stage>: first step done``, which `llmpipe.train.callbacks.FirstStepLog` writes when the first
 optimizer step has ended; the process is then killed. Each of the stage's log lines is timestamped on arrival,
 which splits start-up into imports and params, the stage's inputs read, model and trainer set-up, and the first
-step. Target for sft: minimum < 3 s on an idle 2-core machine (the minimum, because a shared machine only ever
-adds time). A fresh interpreter's import of `llmpipe.stages.<stage>`, and of torch, transformers and the
+step, and the CPU time the process used (user + system, all threads), which a shared machine's load inflates less
+than the wall time. Target for sft: minimum < 3 s on an idle 2-core machine (the minimum, because a shared machine
+only ever adds time). A fresh interpreter's import of `llmpipe.stages.<stage>`, and of torch, transformers and the
 Trainer (which the second and third phases include), is timed apart.
 Medians and minima over `--runs`. With the tiny repo the stage trains the tests' tiny params (a 2-layer Llama
 on a 1k BPE).
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,6 +53,7 @@ PHASES = {
     },
 }
 CLI_LINE = "hand run with overrides"
+CPU = "cpu"
 
 
 def tiny_repo(dest: Path, env: dict[str, str]) -> Path:
@@ -81,6 +84,7 @@ def repro(repo: Path, env: dict[str, str]) -> tuple[float, str]:
 def startup(repo: Path, env: dict[str, str], out: Path, stage: str) -> dict[str, float]:
     """Start `llm-train --task <stage>`; seconds from start to each phase line; kill it after the first step."""
     cmd = [*command("llm-train", "llmpipe.cli"), "--task", stage, "--output-dir", str(out)]
+    cpu_before = _children_cpu_s()
     prefixes = {CLI_LINE: CLI_LINE, **{f"{stage}: {p}": p for p in PHASES[stage]}}
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -99,7 +103,14 @@ def startup(repo: Path, env: dict[str, str], out: Path, stage: str) -> dict[str,
     proc.wait()
     if FIRST_STEP not in seen:
         raise SystemExit(f"llm-train --task {stage} ended before its first step:\n" + "".join(lines[-40:]))
+    seen[CPU] = _children_cpu_s() - cpu_before
     return seen
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's waited-for children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def report_startup(repo: Path, env: dict[str, str], tmp: str, stage: str, num_runs: int) -> float:
@@ -115,6 +126,8 @@ def report_startup(repo: Path, env: dict[str, str], tmp: str, stage: str, num_ru
     print(f"  (import llmpipe.stages.{stage} in a fresh process: {_figures(stage_import)})")
     first = [r[FIRST_STEP] for r in runs]
     print(f"start-up to first step, {stage}: {_figures(first)}")
+    print(f"  CPU time of that process (up to the kill; less sensitive to a shared machine's load): "
+          f"{_figures([r[CPU] for r in runs])}")
     return min(first)
 
 
