@@ -21,19 +21,7 @@ from llmpipe.core.io import atomic_file
 from llmpipe.distributed.agreement import ranks_agree
 from llmpipe.distributed.launch import check_world, is_main_process
 from llmpipe.models import count_parameters, save_model
-from llmpipe.train.callbacks import (
-    BatchLedger,
-    FirstStepLog,
-    KillAtStep,
-    NonFiniteLossGuard,
-    ResumedSchedule,
-    RotateCheckpoints,
-    kill_at_step,
-    write_ledger,
-)
 from llmpipe.train.checkpoints import Run
-from llmpipe.train.profiling import ProfilerCallback
-from llmpipe.train.throughput import ThroughputCallback, peak_memory_gb
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +117,21 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
         (mean over logged steps; only on a device with a known peak), ``resumed_from_step`` (0 for a fresh
         run), ``num_parameters``.
     """
+    # Imported here, not at the top: the callbacks subclass transformers' TrainerCallback, whose module imports
+    # peft (when installed) and with it most of transformers, so a stage module would take seconds to import.
+    from llmpipe.train.callbacks import (
+        BatchLedger,
+        FirstStepLog,
+        KillAtStep,
+        NonFiniteLossGuard,
+        ResumedSchedule,
+        RotateCheckpoints,
+        kill_at_step,
+        write_ledger,
+    )
+    from llmpipe.train.profiling import ProfilerCallback
+    from llmpipe.train.throughput import ThroughputCallback, peak_memory_gb
+
     trainer.callback_handler.callbacks.insert(0, ThroughputCallback(params.stage(stage).max_length))
     if params.profile.enabled:
         trainer.add_callback(ProfilerCallback(params.profile, params.paths.out(params.paths.logs, stage, "profile")))
