@@ -2,7 +2,7 @@
 
 Every other list of stages derives from :data:`REGISTRY`: the tasks `llm-train` knows, the sections that
 inherit ``train:`` (`llmpipe.config.loading`), the best-checkpoint metric (`llmpipe.train.arguments`), the
-one-process stages (`llmpipe.distributed.launch`), the report's stages. `tests/test_registry.py` checks
+one-process stages (`llmpipe.distributed.launch`), the report's stages. `tests/unit/test_registry.py` checks
 that the registry, :class:`~llmpipe.config.Params` and ``dvc.yaml`` agree, and says what to add where when they do
 not. A stage named ``x`` is the module ``llmpipe.stages.x`` exposing ``run(params, **kwargs)``, the DVC stage
 ``x`` and, for a training stage, the params section ``x`` (docs/ARCHITECTURE.md, "Adding a training stage").

@@ -135,7 +135,7 @@ def test_resume_rules(stagedir, tmp_path, monkeypatch, capsys):
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-8", "checkpoint-9"]
 
     # A finished run started again trains nothing (the HF Trainer would take one step past max_steps) and
-    # reports the same (a budget below its last checkpoint: tests/test_runtime_defects.py).
+    # reports the same (a budget below its last checkpoint: tests/stages/test_runtime_defects.py).
     again = _pretrain(root)
     assert (again["resumed_from_step"], again["steps"]) == (9, 9) and not (run / "checkpoint-10").exists()
     assert (again["train_loss"], again["eval_loss"]) == (first["train_loss"], first["eval_loss"])
