@@ -2,7 +2,8 @@
 
 The scratch folder is a git + DVC repo of its own, made afresh on every call (the previous one is deleted):
 dvc.yaml, .gitignore, flows and a copy of src/ (the stages' deps: DVC hashes them; the stages run `llm-train`
-of the installed package), and params.yaml = the shipped params.yaml with configs/tiny.yaml merged over it. Nothing of
+of the installed package), and params.yaml = the shipped params.yaml with configs/tiny.yaml merged over it; the run's
+result (dvc.lock, metrics, reports) is committed, so `dvc exp run -S …` there has a baseline to compare with. Nothing of
 the workspace's own run (data/, models/, metrics/, logs/, reports/, dvc.lock, checkpoints/) is read or written.
 
 Usage: python scripts/smoke.py [--dir .smoke]
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     if code:
         print(f"smoke: dvc repro failed (exit {code}) after {elapsed_s:.0f} s; logs under {dest}/logs", file=sys.stderr)
         return code
+    # Committed, so the daily loop has a baseline to compare with (dvc exp show, dvc metrics diff).
+    for cmd in (["git", "add", "-A"], ["git", "commit", "-qm", "smoke: dvc repro on configs/tiny.yaml"]):
+        subprocess.run(cmd, cwd=dest, env=env, check=True, capture_output=True)
     report = dest / scratch.merged_params(ROOT, overrides)["paths"]["reports"] / "report.md"
     print(f"smoke: whole DAG on configs/tiny.yaml in {elapsed_s:.0f} s; report: {os.path.relpath(report)}")
     return 0

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,7 @@ def make_pipeline_repo(dest: Path, env: dict[str, str], params_overrides: str = 
     return scratch.make_pipeline_repo(ROOT, dest, yaml.safe_load(params_overrides), env)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pipeline_env(offline_env, tmp_path_factory) -> dict[str, str]:
     """`offline_env` plus a private HF cache, a git identity, and this checkout's `src` first on PYTHONPATH,
     so `llm-train` and the flows run the code under test even where llmpipe is installed from elsewhere."""
@@ -117,6 +118,33 @@ def pipeline_env(offline_env, tmp_path_factory) -> dict[str, str]:
     env["GIT_AUTHOR_EMAIL"] = env["GIT_COMMITTER_EMAIL"] = "test@example.invalid"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     return env
+
+
+@dataclass(frozen=True)
+class TrainedPipeline:
+    """A pipeline repo after one real `dvc repro` of the whole DAG on TINY_PARAMS."""
+
+    repo: Path
+    repro_output: str
+    cache: Path
+    """A copy of the DVC cache (and run cache) as that repro left it, before any test changed the repo."""
+
+
+@pytest.fixture(scope="session")
+def trained_pipeline(tmp_path_factory, pipeline_env) -> TrainedPipeline:
+    """The whole DAG trained once per session (the dearest thing the suite does): the pipeline tests go on in this
+    repo, and the flow tests start from a copy of its cache, so DVC restores what this run trained from its run
+    cache instead of training it a second time."""
+    repo = make_pipeline_repo(tmp_path_factory.mktemp("repo"), pipeline_env)
+    out = sh(repo, pipeline_env, "dvc", "repro")
+    cache = tmp_path_factory.mktemp("dag_cache") / "cache"
+    shutil.copytree(repo / ".dvc" / "cache", cache)
+    return TrainedPipeline(repo, out, cache)
+
+
+def stages_restored(output: str) -> set[str]:
+    """The stages `dvc repro` output says it restored from the run cache instead of running."""
+    return set(re.findall(r"Stage '([^']+)' is cached - skipping run", output))
 
 
 def kill_after_first_checkpoint(proc: subprocess.Popen, checkpoints: Path, timeout_s: float = 300) -> None:

@@ -151,6 +151,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.task == "stream_lm" and not params.data.streaming:
         raise UserError("--task stream_lm streams the pretraining text: set data.streaming: true in params.yaml "
                         "(with data.hf or data.mixture), or run --task pretrain")
+    check_device_params(params, task)  # before a model loads or a run folder is made, and before a relaunch;
+    # also under --list-checkpoints, which then checks a whole params edit without training
     kwargs: dict[str, Any] = {}
     if args.resume_from or args.restart or args.list_checkpoints:
         if task not in stages.TRAINING_TASKS:
@@ -173,7 +175,6 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         if task not in stages.LOADING_TASKS:
             raise UserError(f"--trust-remote-code: --task {task} loads no model or tokenizer; drop the flag")
         kwargs["trust_remote_code"] = True
-    check_device_params(params, task)  # before a model loads or a run folder is made, and before a relaunch
     if task in stages.DISTRIBUTED_TASKS and needs_launch(params.distributed) and not under_launcher():
         relaunch(params, task, argv)  # does not return: the same command, under accelerate launch
     run = stages.runner(task)

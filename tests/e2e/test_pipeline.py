@@ -1,6 +1,7 @@
 """The whole DAG with the real `dvc repro` and `dvc exp run`, on tiny params, in a temporary git repo.
 
-One module-scoped repo; the tests run in file order and build on each other, as a user's day would.
+One repo, trained once per session (`trained_pipeline`); the tests run in file order and build on each other, as a
+user's day would.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ALL_STAGES, TINY_PARAMS, make_pipeline_repo, sh, stages_run
+from conftest import ALL_STAGES, TINY_PARAMS, sh, stages_run
+
+from llmpipe import stages
 
 pytestmark = pytest.mark.slow
 
@@ -21,14 +24,13 @@ def env(pipeline_env) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory, env) -> Path:
-    """A git + DVC repo holding this project's dvc.yaml, code and tiny params."""
-    return make_pipeline_repo(tmp_path_factory.mktemp("repo"), env)
+def repo(trained_pipeline) -> Path:
+    """A git + DVC repo holding this project's dvc.yaml, code and tiny params, after `dvc repro`."""
+    return trained_pipeline.repo
 
 
-def test_repro_builds_every_artifact(repo, env):
-    out = sh(repo, env, "dvc", "repro")
-    assert stages_run(out) == ALL_STAGES
+def test_repro_builds_every_artifact(repo, trained_pipeline):
+    assert stages_run(trained_pipeline.repro_output) == ALL_STAGES
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -72,22 +74,33 @@ def test_second_repro_does_nothing(repo, env):
     assert "up to date" in out
 
 
-def test_exp_run_lr_reruns_from_pretrain_with_fresh_checkpoints(repo, env):
+def test_a_train_param_reruns_the_training_stages_and_not_the_data_stages(repo, env):
+    # `dvc repro --dry` names the stages whose own params changed (what follows them reruns as their outputs
+    # change); a real `dvc exp run -S train.lr=…` would retrain nearly the whole DAG, the dearest test of the suite,
+    # to show what the fingerprint tests (tests/stages/test_training.py) and the experiments below already show.
     sh(repo, env, "git", "add", "-A")
     sh(repo, env, "git", "commit", "-qm", "baseline run")
-    before = set((repo / "checkpoints" / "pretrain").iterdir())
-    out = sh(repo, env, "dvc", "exp", "run", "-n", "lr5e-4", "-S", "train.lr=5e-4")
-    assert stages_run(out) == ALL_STAGES - {"prepare", "tokenizer", "tokenize", "baseline", "evaluate@baseline"}
-    assert "resuming from" not in out, "another run's checkpoint was resumed"
-    after = set((repo / "checkpoints" / "pretrain").iterdir())
-    assert len(after - before) == 1, "the new lr trains in a new fingerprint folder"
-    assert "lr5e-4" in sh(repo, env, "dvc", "exp", "show", "--csv", "--no-pager")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"]["lr"] = 5e-4
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        out = sh(repo, env, "dvc", "repro", "--dry")
+    finally:
+        sh(repo, env, "git", "checkout", "-q", "params.yaml")
+    assert stages_run(out) == set(stages.TRAINING_TASKS)
 
 
 def test_exp_run_beta_reruns_only_dpo_and_after(repo, env):
     out = sh(repo, env, "dvc", "exp", "run", "-n", "beta0.2", "-S", "dpo.beta=0.2")
     assert stages_run(out) == {"dpo", "evaluate@dpo", "report"}
     assert "resuming from" not in out
+
+
+def test_exp_run_preference_method_reruns_only_dpo_and_after(repo, env):
+    out = sh(repo, env, "dvc", "exp", "run", "-n", "kto", "-S", "dpo.method=kto")
+    assert stages_run(out) == {"dpo", "evaluate@dpo", "report"}
+    shown = sh(repo, env, "dvc", "exp", "show", "--csv", "--no-pager")
+    assert "kto" in shown and "beta0.2" in shown, "dvc exp show compares the methods"
 
 
 def test_exp_run_kl_coef_reruns_only_ppo_and_after(repo, env):

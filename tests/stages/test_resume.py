@@ -36,6 +36,11 @@ RESUME = {
 }
 
 
+def test_every_training_stage_has_a_resume_schedule():
+    missing = set(stages.TRAINING_TASKS) - set(RESUME)
+    assert not missing, f"add a schedule for {sorted(missing)} to RESUME in tests/stages/test_resume.py"
+
+
 @pytest.fixture(scope="module")
 def stagedir(workdir) -> Path:
     """`workdir` with tiny untrained models/pretrain and models/sft, a one-label models/reward on the same

@@ -57,7 +57,7 @@ def test_data_deps_are_the_registry_inputs(task):
 def test_report_reads_every_stage_metrics_file():
     deps = [d for d in dvc_stages()["report"]["deps"] if not d.startswith("src/")]
     expected = ["${paths.metrics}/eval", *(f"${{paths.metrics}}/{s}.json" for s in stages.METRICS_STAGES)]
-    assert deps == expected
+    assert deps == expected, f"dvc.yaml stage report: its non-code deps must be, in the registry's order, {expected}"
 
 
 @pytest.mark.parametrize("task", stages.TRAINING_TASKS)

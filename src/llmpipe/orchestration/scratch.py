@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-REPO_FILES = ("src", "flows", "dvc.yaml", "prefect.yaml", ".gitignore")
+REPO_FILES = ("src", "flows", "dvc.yaml", "prefect.yaml", ".gitignore", ".dvcignore")
 """What a scratch repo holds besides params.yaml: the DAG, the code its stages hash as deps, and the flows."""
 
 

@@ -76,7 +76,7 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
               "${paths.data}/tokens/train", "${paths.data}/tokens/validation", "${paths.tokenizer}"),
     _training("sft", SFTParams, "Supervised fine-tuning on chat pairs (TRL SFTTrainer), loss on assistant turns.",
               "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/pretrain"),
-    _training("dpo", DPOParams, "Direct preference optimisation (TRL DPOTrainer) from the SFT model.",
+    _training("dpo", DPOParams, "Preference tuning from the SFT model by dpo.method: DPO, KTO, ORPO, SimPO or CPO (TRL).",
               "${paths.data}/preference", "${paths.tokenizer}", "${paths.models}/sft"),
     _training("reward", RewardParams, "Reward model (TRL RewardTrainer) from the SFT model on preference pairs; "
               "held-out pairwise accuracy.", "${paths.data}/preference", "${paths.tokenizer}", "${paths.models}/sft"),
