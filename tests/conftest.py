@@ -67,7 +67,7 @@ def tiny_sft(workdir) -> Path:
 
 TRAINING_AND_DATA_STAGES = set(stages.DVC_STAGES) - {"evaluate"}
 SHIPPED_STAGES = TRAINING_AND_DATA_STAGES | {
-    f"evaluate@{m}" for m in ("baseline", "pretrain", "sft", "dpo", "ppo", "grpo")
+    f"evaluate@{m}" for m in yaml.safe_load((ROOT / "params.yaml").read_text())["eval"]["models"]
 }
 """Every stage of dvc.yaml with the shipped params.yaml."""
 ALL_STAGES = TRAINING_AND_DATA_STAGES | {f"evaluate@{m}" for m in yaml.safe_load(TINY_PARAMS)["eval"]["models"]}

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import kill_after_first_checkpoint
 
 from llmpipe.config import ParamsError, parse_params
 from llmpipe.distributed import launch
@@ -241,13 +240,15 @@ def test_ddp_sft_runs_two_ranks_that_agree(workdir, offline_env, ddp_pretrain):
 def test_killed_ddp_pretrain_resumes(workdir, offline_env, ddp_pretrain):
     config = _params_file(workdir, "ddp-resume", {
         "paths": {"output_root": "runs/ddp-resume"},
-        "pretrain": {"max_steps": 40, "save_steps": 5, "eval_steps": 40, "logging_steps": 5,
+        "pretrain": {"max_steps": 10, "save_steps": 5, "eval_steps": 10, "logging_steps": 5,
                      "per_device_train_batch_size": 2},
         "distributed": {"strategy": "ddp", "num_processes": 2}})
     root = workdir / "runs" / "ddp-resume"
-    kill_after_first_checkpoint(_llm_train(workdir, offline_env, "pretrain", config, start_new_session=True),
-                                root / "checkpoints" / "pretrain")
+    # Every rank SIGKILLs itself right after step 7, between the checkpoints of steps 5 and 10.
+    crash = _llm_train(workdir, {**offline_env, "LLMPIPE_KILL_AT_STEP": "7"}, "pretrain", config, start_new_session=True)
+    crash.communicate(timeout=600)
+    assert crash.returncode != 0 and list((root / "checkpoints" / "pretrain").glob("*/checkpoint-5/trainer_state.json"))
     out = _finish(_llm_train(workdir, offline_env, "pretrain", config))
     metrics = json.loads((root / "metrics" / "pretrain.json").read_text())
-    assert metrics["resumed_from_step"] >= 5 and metrics["steps"] == 40 and metrics["world_size"] == 2, out[-3000:]
+    assert metrics["resumed_from_step"] == 5 and metrics["steps"] == 10 and metrics["world_size"] == 2, out[-3000:]
     assert os.path.exists(root / "models" / "pretrain" / "model.safetensors")
