@@ -9,222 +9,46 @@ as DVC would (output root ``.``), and asserts that
 - the message names the location (params key path, file and line or row, model file) and the fix,
 - every file and folder of the workspace is byte-for-byte as before: no half-written output, no temp file.
 
-Then the safe-loading rules on their own: pickled weights and ``auto_map`` code are refused unless the
-caller trusts the folder, and with ``--trust-remote-code`` a ``pytorch_model.bin`` really loads (still
-through ``torch.load(weights_only=True)`` inside transformers).
+The safe-loading rules on their own are in ``test_safe_loading.py``; the workspace, the row set-up helpers and
+:class:`Bad` are in ``bad_input_helpers.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import inspect
-import json
-import logging
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+import bad_input_helpers
 import pytest
 import yaml
-from conftest import ROOT, TINY_PARAMS
+from bad_input_helpers import (
+    BASE,
+    Bad,
+    auto_map,
+    chain,
+    copy,
+    documents,
+    empty_parquet,
+    jsonl,
+    local,
+    pairs,
+    patch_json,
+    pickled_weights,
+    remove,
+    run_cli,
+    snapshot,
+    write,
+)
+from conftest import ROOT
 
-from llmpipe import stages
-from llmpipe.cli import main
 from llmpipe.config import DedupParams
-from llmpipe.core.errors import UserError
 from llmpipe.data.dedup import Deduplicator
 from llmpipe.orchestration.scratch import deep_merge
 
-# TINY_PARAMS with users' own small data and a model small enough to save in milliseconds.
-BASE: dict[str, Any] = deep_merge(
-    yaml.safe_load(TINY_PARAMS),
-    {
-        "data": {"source": "local",
-                 "local": {"pretrain": "in/docs.jsonl", "sft": "in/sft.jsonl", "preference": "in/pref.jsonl"}},
-        "tokenizer": {"vocab_size": 300},
-        "model": {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-                  "intermediate_size": 32, "max_position_embeddings": 128},
-    },
-)
-
-
-def documents(n: int) -> list[dict[str, Any]]:
-    return [{"text": f"document {i}: " + "some words " * (i % 5 + 1)} for i in range(n)]
-
-
-def chats(n: int) -> list[dict[str, Any]]:
-    return [{"messages": [{"role": "user", "content": f"question {i}"},
-                          {"role": "assistant", "content": f"answer {i}"}]} for i in range(n)]
-
-
-def pairs(n: int) -> list[dict[str, Any]]:
-    return [{"prompt": f"prompt {i}", "chosen": f"good {i}", "rejected": f"bad {i}"} for i in range(n)]
-
-
-def jsonl(rows: list[Any]) -> str:
-    return "".join(json.dumps(r) + "\n" for r in rows)
-
-
-def run_cli(argv: list[str]) -> int:
-    """`llm-train` in this process; argparse's own errors exit before `main` can return a code."""
-    try:
-        return main(argv)
-    except SystemExit as exit_:
-        return exit_.code
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every folder and file under `root` (relative path → sha256 of its bytes; folders → "dir")."""
-    return {p.relative_to(root).as_posix(): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))}
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging():
-    """`main` points the root logger at the captured stderr; give the next test its own handlers back."""
-    handlers = logging.getLogger().handlers[:]
-    yield
-    logging.getLogger().handlers[:] = handlers
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory) -> Path:
-    """A complete small workspace: raw data in ``in/``, prepared ``data/`` with its token files,
-    ``artifacts/tokenizer``, tiny safetensors models in ``models/{pretrain,sft,reward}`` and the metrics of the
-    stages that made them."""
-    from transformers import AutoModelForSequenceClassification
-
-    from llmpipe.config import load_params
-    from llmpipe.models import build_model, load_tokenizer, save_model
-
-    root = tmp_path_factory.mktemp("workspace")
-    (root / "in").mkdir()
-    (root / "in" / "docs.jsonl").write_text(jsonl(documents(30)))
-    (root / "in" / "sft.jsonl").write_text(jsonl(chats(12)))
-    (root / "in" / "pref.jsonl").write_text(jsonl(pairs(12)))
-    (root / "params.yaml").write_text(yaml.safe_dump(BASE))
-    with contextlib.chdir(root):
-        assert main(["--task", "prepare"]) == 0
-        assert main(["--task", "tokenizer"]) == 0
-        assert main(["--task", "tokenize"]) == 0
-        params = load_params("params.yaml")
-        tok = load_tokenizer(params.paths.tokenizer)
-        for name in ("pretrain", "sft"):
-            save_model(build_model(params.model, tok), tok, Path("models", name))
-        reward = AutoModelForSequenceClassification.from_pretrained("models/sft", num_labels=1)
-        save_model(reward, tok, Path("models", "reward"))
-    logging.getLogger().handlers.clear()
-    return root
-
-
-# --- what a row sets up --------------------------------------------------------------------------------------
-
-
-def write(rel: str, content: str | bytes) -> Callable[[Path], None]:
-    """Write `content` to ``root/rel``."""
-
-    def setup(root: Path) -> None:
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            path.write_bytes(content)
-        else:
-            path.write_text(content)
-
-    return setup
-
-
-def remove(rel: str) -> Callable[[Path], None]:
-    def setup(root: Path) -> None:
-        shutil.rmtree(root / rel)
-
-    return setup
-
-
-def empty_parquet(rel: str) -> Callable[[Path], None]:
-    def setup(root: Path) -> None:
-        pq.write_table(pa.table({"text": pa.array([], pa.string())}), root / rel)
-
-    return setup
-
-
-def pickled_weights(model: str, name: str = "pytorch_model.bin") -> Callable[[Path], None]:
-    """Replace the safetensors weights of ``models/<model>`` by the same tensors pickled with `torch.save`."""
-
-    def setup(root: Path) -> None:
-        import torch
-        from safetensors.torch import load_file
-
-        folder = root / "models" / model
-        state = load_file(folder / "model.safetensors")
-        (folder / "model.safetensors").unlink()
-        torch.save(state, folder / name)
-
-    return setup
-
-
-def auto_map(rel: str, auto_class: str) -> Callable[[Path], None]:
-    """Point `auto_class` in the JSON config ``root/rel`` at a Python file beside it that leaves a trace when run."""
-
-    def setup(root: Path) -> None:
-        path = root / rel
-        config = json.loads(path.read_text())
-        config["auto_map"] = {auto_class: "custom_code.Custom"}
-        path.write_text(json.dumps(config))
-        (path.parent / "custom_code.py").write_text("open('CODE_RAN', 'w').close()\n")
-
-    return setup
-
-
-def patch_json(rel: str, **entries: Any) -> Callable[[Path], None]:
-    def setup(root: Path) -> None:
-        path = root / rel
-        path.write_text(json.dumps({**json.loads(path.read_text()), **entries}))
-
-    return setup
-
-
-def copy(src: str, dest: str) -> Callable[[Path], None]:
-    def setup(root: Path) -> None:
-        shutil.copytree(root / src, root / dest)
-
-    return setup
-
-
-def chain(*setups: Callable[[Path], None]) -> Callable[[Path], None]:
-    def setup(root: Path) -> None:
-        for step in setups:
-            step(root)
-
-    return setup
-
-
-@dataclass(frozen=True)
-class Bad:
-    """One bad input: what to set up, which command to run, and what the message must say."""
-
-    task: str
-    expect: tuple[str, ...]
-    """Substrings of the error message: the location (key path, file:line, model file) and the fix."""
-    params: dict[str, Any] = field(default_factory=dict)
-    """Merged into :data:`BASE` to make params.yaml."""
-    params_text: str | None = None
-    """params.yaml verbatim instead."""
-    setup: Callable[[Path], None] | None = None
-    argv: tuple[str, ...] = ()
-    multiline: bool = False
-    """A params error may list one key per line."""
-
-
-def local(**paths: str) -> dict[str, Any]:
-    return {"data": {"local": paths}}
+# The shared fixtures, as names of this module so that pytest finds them.
+template = bad_input_helpers.template
+_restore_logging = bad_input_helpers._restore_logging
 
 
 CASES: dict[str, Bad] = {
@@ -498,55 +322,3 @@ def test_a_pickled_model_is_refused_by_the_cli_as_dvc_runs_it(template, tmp_path
     assert errors == [proc.stderr.splitlines()[-1]] and "models/pretrain/pytorch_model.bin" in errors[0]
     assert "Traceback" not in proc.stderr
     assert snapshot(root) == before
-
-
-# --- safe loading on its own -----------------------------------------------------------------------------------
-
-
-def test_trusted_pickled_weights_load_and_equal_the_saved_ones(template, tmp_path):
-    """--trust-remote-code lets a pytorch_model.bin past our check; transformers loads it (weights_only=True)."""
-    import torch
-
-    from llmpipe.models import load_model
-
-    shutil.copytree(template / "models", tmp_path / "models")
-    safe = load_model(tmp_path / "models" / "pretrain", "unused")
-    pickled_weights("pretrain")(tmp_path)
-    with pytest.raises(UserError, match=r"pytorch_model\.bin.*--trust-remote-code"):
-        load_model(tmp_path / "models" / "pretrain", "unused")
-    trusted = load_model(tmp_path / "models" / "pretrain", "unused", trust_remote_code=True)
-    for (name, a), (_, b) in zip(safe.state_dict().items(), trusted.state_dict().items(), strict=True):
-        assert torch.equal(a, b), name
-
-
-def test_trust_lets_auto_map_past_the_check_and_asks_transformers_for_it(template, tmp_path):
-    """With trust, our check passes an auto_map folder and transformers is told trust_remote_code=True (it then
-    imports the mapped file itself; that import is transformers' code path, not exercised here)."""
-    from llmpipe.models import check_model_dir, pretrained_kwargs
-
-    shutil.copytree(template / "models" / "sft", tmp_path / "sft")
-    auto_map("sft/config.json", "AutoModelForCausalLM")(tmp_path)
-    with pytest.raises(UserError, match="auto_map"):
-        check_model_dir(tmp_path / "sft", "unused", trust_remote_code=False)
-    check_model_dir(tmp_path / "sft", "unused", trust_remote_code=True)
-    assert pretrained_kwargs(False) == {"use_safetensors": True, "weights_only": True, "trust_remote_code": False}
-    assert pretrained_kwargs(True) == {"use_safetensors": None, "weights_only": True, "trust_remote_code": True}
-
-
-def test_safetensors_beside_a_pickle_loads_the_safetensors(template, tmp_path):
-    """A folder with both formats (common on the hub) needs no trust: only model.safetensors is read."""
-    import torch
-
-    from llmpipe.models import load_model
-
-    folder = tmp_path / "sft"
-    shutil.copytree(template / "models" / "sft", folder)
-    torch.save({"not": torch.zeros(1)}, folder / "pytorch_model.bin")
-    load_model(folder, "unused")
-
-
-def test_every_loading_stage_takes_the_trust_flag():
-    """`llm-train --trust-remote-code` passes it to exactly the tasks that load a model or tokenizer folder."""
-    for task in stages.REGISTRY:
-        takes = "trust_remote_code" in inspect.signature(stages.runner(task)).parameters
-        assert takes == (task in stages.LOADING_TASKS), task
