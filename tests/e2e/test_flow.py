@@ -71,7 +71,7 @@ def env(pipeline_env, tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory, env, trained_pipeline) -> Path:
-    """The flow's own repo, with a copy of the session's trained DVC cache: its first run restores every stage
+    """The flow's own repo, with a copy of the session's trained DVC cache: its first run restores the stages
     from DVC's run cache (what the flow does is the same whether DVC trains or restores; training under the flow
     is what the retry and cancel tests below do)."""
     repo = make_pipeline_repo(tmp_path_factory.mktemp("flow_repo"), env, FLOW_PARAMS)
@@ -226,7 +226,9 @@ def test_served_deployment_runs_every_stage(repo, env, client, served, record_pr
     assert run.state.name == "Completed", text(logs(client, run_id))[-5000:]
 
     out = text(logs(client, run_id))
-    assert stages_restored(out) == ALL_STAGES and not stages_run(out), "every stage restored from the run cache"
+    # DVC's run cache restores every stage but the report, whose out (report.md, cache: false) it never restores; the
+    # report reruns in seconds.
+    assert stages_restored(out) == ALL_STAGES - {"report"} and stages_run(out) == {"report"}
     tasks = task_runs(client, run_id)
     assert ALL_STAGES <= set(tasks), "one task per DVC stage"
     assert all(tasks[s].state.name == "Completed" for s in ALL_STAGES)
