@@ -18,6 +18,7 @@ use this base.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,8 +41,9 @@ def data_input(name: str, params: Params) -> Path:
     return next(p for t, p in zip(REGISTRY[name].inputs, input_paths(name, params)) if t.startswith("${paths.data}/"))
 
 
-class TrainerStage:
-    """A training stage on a Hugging Face / TRL `Trainer`; subclasses set :attr:`name` and fill in the hooks.
+class TrainerStage(ABC):
+    """A training stage on a Hugging Face / TRL `Trainer`; subclasses set :attr:`name` and implement the
+    abstract hooks (:meth:`config`, :meth:`datasets`, :meth:`make_trainer`).
 
     Attributes:
         name: The stage (registry name, params section, ``models/<name>`` output).
@@ -70,17 +72,17 @@ class TrainerStage:
 
     # --- hooks: what a stage states -------------------------------------------------------------------------------
 
+    @abstractmethod
     def config(self, run_dir: Path):
         """Our params → the stage's `trl.<Method>Config` (or `TrainingArguments`), field by field."""
-        raise NotImplementedError
 
+    @abstractmethod
     def datasets(self) -> tuple[Any, Any]:
         """The training and validation datasets, as the trainer takes them."""
-        raise NotImplementedError
 
+    @abstractmethod
     def make_trainer(self, model, args, train, valid, callbacks: list):
         """The stage's trainer on `model` with `args` (:meth:`config`), the datasets and `callbacks`."""
-        raise NotImplementedError
 
     def check_data(self, train, valid) -> dict[str, float]:
         """Checks on the raw datasets (before any model loads when :attr:`data_first`); returns counts for the
