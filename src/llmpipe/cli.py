@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmpipe import stages
+from llmpipe import commands, stages
 from llmpipe.core.errors import UserError
 
 log = logging.getLogger("llmpipe")
@@ -25,9 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     tasks = "\n".join(f"  {name:<10} {desc}" for name, desc in ((n, s.description) for n, s in stages.REGISTRY.items()))
     p = argparse.ArgumentParser(
         prog="llm-train",
-        description="Run one llmpipe stage.",
+        description="Run one llmpipe stage (--task NAME), or one of the commands listed below.",
         epilog=f"registered tasks:\n{tasks}\n  lm         alias of pretrain\n"
-        "  stream_lm  alias of pretrain that requires data.streaming: true",
+        "  stream_lm  alias of pretrain that requires data.streaming: true\n\n"
+        f"commands (llm-train COMMAND --help):\n{commands.listing()}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", help="stage to run (see below)")
@@ -102,6 +103,8 @@ def metrics_path(params: Any, task: str, model: str | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, validate params, run the stage, write its metrics. Returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in commands.COMMANDS:  # llm-train chat|generate|inspect|…: the hand tools
+        return commands.main(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     if args.list_presets:
