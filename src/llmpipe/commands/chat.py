@@ -52,23 +52,24 @@ class Conversation:
 
     def prompt_ids(self, message: str) -> tuple[list[int], int]:
         """Add the user's `message`; the ids of the whole conversation up to the assistant's turn, and how many of
-        the oldest turns were left out to fit the context (they stay left out).
+        the oldest messages were left out to fit the context (they stay left out).
 
         Raises:
-            UserError: The message alone (with the system message) does not fit.
+            UserError: The message alone (with the system message) does not fit; the conversation is unchanged.
         """
-        self.turns.append({"role": "user", "content": message})
+        turns = [*self.turns, {"role": "user", "content": message}]
         dropped = 0
         while True:
-            ids = chat_ids(self.tokenizer, self.head + self.turns)
+            ids = chat_ids(self.tokenizer, self.head + turns)
             if self.limit is None or len(ids) <= self.limit:
+                self.turns = turns
                 return ids, dropped
-            if len(self.turns) == 1:
-                self.turns.pop()
+            if len(turns) == 1:
                 raise UserError(f"this message is {len(ids)} tokens with the template, over the {self.limit} the "
                                 "context leaves beside --max-new-tokens; send a shorter one or lower --max-new-tokens")
-            self.turns = self.turns[2:]  # the oldest user message and its answer
-            dropped += 2
+            gone = min(2, len(turns) - 1)  # the oldest user message and its answer; never the new message
+            turns = turns[gone:]
+            dropped += gone
 
     def answer(self, text: str) -> None:
         """Record the assistant's answer."""
