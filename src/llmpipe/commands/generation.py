@@ -38,7 +38,8 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     sampling = parser.add_argument_group("sampling (temperature 0 = greedy)")
     sampling.add_argument("--temperature", type=float, default=0.7, help="softmax temperature (default 0.7)")
     sampling.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95)")
-    sampling.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest tokens; 0 = all (default 50)")
+    sampling.add_argument("--top-k", type=int, default=50,
+                          help="sample among the k likeliest tokens; 0 = all (default 50)")
     sampling.add_argument("--max-new-tokens", type=int, default=256, help="tokens per answer at most (default 256)")
     sampling.add_argument("--seed", type=int, default=0, help="seed of the sampler (default 0)")
     parser.add_argument("--trust-remote-code", action="store_true",
@@ -163,7 +164,10 @@ def load_for_generation(path: str | Path, trust_remote_code: bool = False):
     if not path.is_dir():
         raise UserError(f"--model {path}: no such folder; {SAVED}")
     adapter = (path / ADAPTER_CONFIG).is_file()
-    model = _load_adapter(path, trust_remote_code) if adapter else load_model(path, SAVED, trust_remote_code=trust_remote_code)
+    if adapter:
+        model = _load_adapter(path, trust_remote_code)
+    else:
+        model = load_model(path, SAVED, trust_remote_code=trust_remote_code)
     tok_dir = path if (path / "tokenizer_config.json").is_file() or not adapter else base_model_dir(path)
     tokenizer = load_tokenizer(tok_dir, trust_remote_code, f"save the tokenizer beside the model in {tok_dir}",
                                check_pad=False)  # fmt: skip
