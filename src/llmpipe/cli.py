@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmpipe import commands, stages
+from llmpipe import stages
 from llmpipe.core.errors import UserError
 
 log = logging.getLogger("llmpipe")
@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run one llmpipe stage (--task NAME), or one of the commands listed below.",
         epilog=f"registered tasks:\n{tasks}\n  lm         alias of pretrain\n"
         "  stream_lm  alias of pretrain that requires data.streaming: true\n\n"
-        f"commands (llm-train COMMAND --help):\n{commands.listing()}",
+        "commands: llm-train {chat,generate,inspect,plot-lr,intermediate-size} …  (llm-train COMMAND --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", help="stage to run (see below)")
@@ -103,7 +103,9 @@ def metrics_path(params: Any, task: str, model: str | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, validate params, run the stage, write its metrics. Returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in commands.COMMANDS:  # llm-train chat|generate|inspect|…: the hand tools
+    if argv and not argv[0].startswith("-"):  # llm-train chat|generate|inspect|…: the hand tools, which a stage
+        from llmpipe import commands  # run never imports (so dvc.yaml's code deps leave them out)
+
         return commands.main(argv)
     parser = _parser()
     args = parser.parse_args(argv)

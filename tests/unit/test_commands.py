@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -43,11 +44,15 @@ def test_help_lists_the_commands_and_stays_fast_and_task_still_dispatches(capsys
     out = subprocess.run([sys.executable, "-m", "llmpipe.cli", "--help"], capture_output=True, text=True, cwd=ROOT,
                          check=True).stdout  # fmt: skip
     took = time.perf_counter() - start
-    assert all(f"  {name} " in out for name in COMMANDS), out
+    listed = re.search(r"commands: llm-train \{([a-z,-]+)\}", out)
+    assert listed and listed.group(1).split(",") == list(COMMANDS), f"the --help epilog names {list(COMMANDS)}"
     assert "--task" in out
     assert took < 5, f"llm-train --help took {took:.1f} s: a command module imports torch or transformers at import"
     assert main(["--task", "nosuch"]) == 2, "--task is dispatched as before"
     assert "nosuch" in capsys.readouterr().err
+    assert main(["sft"]) == 2
+    err = capsys.readouterr().err
+    assert "llm-train --task NAME" in err and all(name in err for name in COMMANDS), err
 
 
 def test_plot_lr_matches_transformers_own_schedule_and_writes_a_png(tmp_path, monkeypatch, capsys):

@@ -38,12 +38,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("plot-lr", "schedule", "a training stage's learning-rate schedule from params, as a PNG"),
     Command("intermediate-size", "sizing", "the SwiGLU MLP width for a hidden size (2/3 of 4x, rounded up)"),
 )}  # fmt: skip
-"""Every subcommand, in the order `llm-train --help` lists them."""
-
-
-def listing() -> str:
-    """The commands as `llm-train --help` lists them, one per line."""
-    return "\n".join(f"  {c.name:<18} {c.description}" for c in COMMANDS.values())
+"""Every subcommand, in the order `llm-train --help` names them."""
 
 
 def main(argv: list[str]) -> int:
@@ -52,6 +47,11 @@ def main(argv: list[str]) -> int:
     Args:
         argv: The command name (a key of :data:`COMMANDS`) and its arguments.
     """
+    if argv[0] not in COMMANDS:
+        listing = "\n".join(f"  {c.name:<18} {c.description}" for c in COMMANDS.values())
+        print(f"llm-train: error: no command {argv[0]!r}; a stage runs as llm-train --task NAME, and the commands "
+              f"are:\n{listing}", file=sys.stderr)  # fmt: skip
+        return 2
     command = COMMANDS[argv[0]]
     module = importlib.import_module(f"{__name__}.{command.module}")
     parser = argparse.ArgumentParser(prog=f"llm-train {command.name}", description=module.__doc__.split("\n\n")[0],
