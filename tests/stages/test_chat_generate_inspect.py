@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -20,6 +21,15 @@ from conftest import ROOT
 from llmpipe import stages
 from llmpipe.cli import main
 from llmpipe.config import load_params
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """`main` points the root logger at the captured stderr; give the next test its own handlers back."""
+    handlers = logging.getLogger().handlers[:]
+    yield
+    logging.getLogger().handlers[:] = handlers
+
 
 STATS = re.compile(r"\[(\d+) prompt tokens, (\d+) new tokens")
 TURNS = "def f(x):\ndef f(x):\n/clear\ndef f(x):\n/quit\n"

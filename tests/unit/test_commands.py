@@ -1,5 +1,5 @@
 """The `llm-train` commands that train and load nothing: intermediate-size, plot-lr, and the dispatch beside
-``--task`` (chat, generate and inspect on tiny models: tests/stages/test_commands.py)."""
+``--task`` (chat, generate and inspect on tiny models: tests/stages/test_chat_generate_inspect.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import bad_input_helpers
 import pytest
 import yaml
 from conftest import ROOT, TINY_PARAMS
@@ -18,6 +19,8 @@ from llmpipe.commands import COMMANDS
 from llmpipe.commands.schedule import lr_schedule
 from llmpipe.commands.sizing import intermediate_size
 from llmpipe.config import parse_params
+
+_restore_logging = bad_input_helpers._restore_logging  # `main` points the root logger at captured stderr
 
 
 @pytest.mark.parametrize(("hidden", "multiple_of", "multiplier", "expected"), [

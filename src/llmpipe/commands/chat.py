@@ -1,9 +1,10 @@
 """`llm-train chat --model DIR`: talk to a model, turn by turn, in its own chat template; tokens print as they come.
 
 Type a message and press Enter. ``/clear`` forgets the conversation (a ``--system`` message stays), ``/quit`` or
-Ctrl-D ends. Each answer is followed, on stderr, by ``[N prompt tokens, M new tokens, X tokens/s]``. When the
-conversation outgrows the model's context, its oldest turns are left out (and a line says so). Over a pipe, stdin
-gives one message per line and stdout carries the answers alone.
+Ctrl-D ends; Ctrl-C stops an answer and takes its message back. Each answer is followed, on stderr, by
+``[N prompt tokens, M new tokens, X tokens/s]``. When the conversation outgrows the model's context, its oldest
+turns are left out (and a line says so). Over a pipe, stdin gives one message per line and stdout carries the
+answers alone.
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ class Conversation:
         """Record the assistant's answer."""
         self.turns.append({"role": "assistant", "content": text})
 
+    def retract(self) -> None:
+        """Take back the last user message (its answer was interrupted)."""
+        self.turns.pop()
+
 
 def _reply(model, tokenizer, ids: list[int], sampling: Sampling) -> str:
     """Stream one answer to stdout; its statistics to stderr; returns its text."""
@@ -134,4 +139,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         if dropped:
             print(f"[the {dropped} oldest messages no longer fit the context and were left out]", file=sys.stderr)
-        conversation.answer(_reply(model, tokenizer, ids, sampling))
+        try:
+            conversation.answer(_reply(model, tokenizer, ids, sampling))
+        except KeyboardInterrupt:  # Ctrl-C stops this answer, not the conversation
+            conversation.retract()
+            print("\n[answer interrupted; the message is taken back]", file=sys.stderr, flush=True)

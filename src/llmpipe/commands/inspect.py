@@ -84,6 +84,8 @@ def compare(run_dir: Path, config_path: str) -> list[str]:
     stored = json.loads(stored_file.read_text())
     stage = stored.get("stage")
     lines = [f"run        {stage}, fingerprint {run_dir.name} ({len(stored)} identity keys in {stored_file})"]
+    if stage not in stages.TRAINING_TASKS:
+        return [*lines, f"params     not compared: {stored_file} names no training stage of this llmpipe ({stage!r})"]
     try:
         params = load_params(config_path)
         current = identity(params, stage, stages.run_inputs(stage, params))
