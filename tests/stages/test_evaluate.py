@@ -443,8 +443,8 @@ def test_a_fewshot_count_the_task_cannot_draw_is_an_error_naming_the_key(tiny_ro
     ("options", "message"),
     [
         ({"arc_easy": {"num_fewshot": 5}}, r"eval\.task_options\.arc_easy: not in eval\.tasks"),
-        ({"llmpipe_sft_chat": {"apply_chat_template": True}}, r"llmpipe_sft_chat\.apply_chat_template: llmpipe "
-                                                              r"tasks render the model's chat format themselves"),
+        ({"llmpipe_sft_chat": {"apply_chat_template": True}}, (r"llmpipe_sft_chat\.apply_chat_template: llmpipe "
+                                                               r"tasks render the model's chat format themselves")),
         ({"llmpipe_perplexity": {"fewshot_as_multiturn": True}}, r"fewshot_as_multiturn needs apply_chat_template"),
         ({"llmpipe_perplexity": {"num_fewshot": -1}}, r"num_fewshot: Input should be greater than or equal to 0"),
     ],

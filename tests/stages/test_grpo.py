@@ -92,11 +92,12 @@ def test_grpo_stage_trains_every_parameter(tiny_sft, monkeypatch):
 
 def test_a_users_reward_function_reaches_the_logged_reward(tiny_sft, user_reward_module, monkeypatch):
     import importlib
+    from pathlib import Path
 
     import yaml
 
     monkeypatch.chdir(tiny_sft)
-    raw = yaml.safe_load(open("params.yaml"))
+    raw = yaml.safe_load(Path("params.yaml").read_text())
     raw["grpo"].update(max_steps=2, save_steps=2, eval_steps=2, rewards=[{"name": f"{user_reward_module}:constant",
                                                                             "weight": 2.0}])  # fmt: skip
     metrics = grpo.run(parse_params(raw))

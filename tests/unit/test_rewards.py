@@ -104,8 +104,8 @@ def test_a_users_reward_function_must_return_one_number_per_completion(user_rewa
     [
         ("missing", r"has no attribute 'missing'"),
         ("NOT_A_FUNCTION", r"is a int, not a function"),
-        ("no_kwargs", r"cannot be called as a reward function .* write it as def no_kwargs\(prompts, completions, "
-                      r"\*\*kwargs\)"),
+        ("no_kwargs", (r"cannot be called as a reward function .* write it as def no_kwargs\(prompts, completions, "
+                       r"\*\*kwargs\)")),
         ("later", r"is an async function"),
     ],
 )

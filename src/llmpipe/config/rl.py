@@ -60,7 +60,7 @@ def check_reward_function(path: str) -> None:
     """
     fn = import_object(path)
     if not callable(fn):
-        raise ValueError(f"{path!r} is a {type(fn).__name__}, not a function")
+        raise ValueError(f"{path!r} is a {type(fn).__name__}, not a function")  # noqa: TRY004 (pydantic wants ValueError)
     if inspect.iscoroutinefunction(fn):
         raise ValueError(f"{path!r} is an async function; make it a plain def (the ppo stage calls it directly)")
     try:

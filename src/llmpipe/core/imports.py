@@ -53,7 +53,7 @@ def _import_module(name: str):
                 f"no module named {name}: neither on the Python path nor in {cwd}; install it or put it there"
             ) from None
         raise ValueError(f"importing {name} failed: {type(err).__name__}: {err}") from None
-    except Exception as err:  # the user's module itself fails: name it, without a traceback from its import
+    except Exception as err:  # noqa: BLE001 (the user's module failing in any way: named, without a traceback)
         raise ValueError(f"importing {name} failed: {type(err).__name__}: {err}") from None
 
 
