@@ -274,6 +274,7 @@ def test_ppo_trains_logs_finite_losses_and_changes_every_parameter(workdir, tmp_
 
 
 
+@pytest.mark.slow  # its own 2 steps take ~5 s, but the module's workdir (prepare, tokenizer, tokenize) ~40 s more
 def test_a_users_reward_function_reaches_the_logged_reward(workdir, tmp_path, user_reward_module, monkeypatch):
     import importlib
 
