@@ -38,7 +38,14 @@ from llmpipe.config.loading import ParamsError, load_params, parse_params, set_d
 from llmpipe.config.params import Params
 from llmpipe.config.paths import PathsParams
 from llmpipe.config.rl import GenerationParams, GRPOLossType, GRPOParams, PPOParams, RewardName, RewardSpec
-from llmpipe.config.runtime import EVAL_TASKS, EvalParams, OrchestrationParams, ProfileParams, RegressionParams
+from llmpipe.config.runtime import (
+    EVAL_TASKS,
+    EvalParams,
+    OrchestrationParams,
+    ProfileParams,
+    RegressionParams,
+    ReportParams,
+)
 from llmpipe.config.training import (
     BUDGET_KEYS,
     DPOLossType,
@@ -69,6 +76,7 @@ __all__ = [
     "MixtureSourceParams",
     "ModelParams",
     "OrchestrationParams",
+    "ReportParams",
     "PPOParams",
     "Params",
     "ParamsError",
