@@ -20,7 +20,7 @@ HEADLINE: tuple[tuple[str, Literal["eval", "stage"], str, str], ...] = (
     ("grpo_distinct", "eval", "grpo", "llmpipe_generation.distinct"),
 )
 """``(headline key, where from, stage or model, metric)``: "eval" reads ``metrics/eval/<model>.json``, "stage"
-``metrics/<stage>.json``. Short keys: they are ``dvc exp show``'s column headers."""
+``metrics/<stage>.json``. Short keys: ``dvc exp show`` names its columns ``headline.<key>``."""
 
 
 def headline(evals: Metrics, stage_metrics: dict[str, dict[str, Any]], checks: list[Check],

@@ -18,6 +18,22 @@ pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; }
 """
 
 _IMG = re.compile(r'<img([^>]*?) src="([^"]+)"')
+_MD_IMG = re.compile(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)")
+
+
+def _data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def markdown_with_images(report: Path) -> str:
+    """The markdown of `report` with its relative PNG links made data URIs: one self-contained text for a viewer
+    that cannot follow links, such as a Prefect artifact.
+
+    Raises:
+        FileNotFoundError: `report`, or an image it links to, does not exist.
+    """
+    text = report.read_text()
+    return _MD_IMG.sub(lambda m: f"![{m.group(1)}]({_data_uri(report.parent / m.group(2))})", text)
 
 
 def embed_images(body: str, base: Path) -> str:
@@ -29,8 +45,7 @@ def embed_images(body: str, base: Path) -> str:
     """
 
     def inline(match: re.Match[str]) -> str:
-        data = base64.b64encode((base / match.group(2)).read_bytes()).decode("ascii")
-        return f'<img{match.group(1)} src="data:image/png;base64,{data}"'
+        return f'<img{match.group(1)} src="{_data_uri(base / match.group(2))}"'
 
     return _IMG.sub(inline, body)
 

@@ -128,7 +128,9 @@ def run(params: Params) -> dict[str, float]:
         fh.write(text)
     with atomic_file(reports / "report.html") as fh:
         fh.write(page.render(text, reports, "llmpipe report"))
-    write_json(params.paths.out(params.paths.metrics, "headline.json"), headline(evals, stage_metrics, checks, costs))
+    # nested under "headline": `dvc exp show` then names its columns headline.<key> (README, "Compare runs")
+    write_json(params.paths.out(params.paths.metrics, "headline.json"),
+               {"headline": headline(evals, stage_metrics, checks, costs)})
     done = [c for c in checks if c.passed is not None]
     return {
         **{c.metric: round(c.value, 6) for c in [*done, *costs] if c.value is not None},
