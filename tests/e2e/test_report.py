@@ -43,7 +43,7 @@ def headless(page: Path, screenshot: Path) -> list[str]:
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--proxy-server=127.0.0.1:9",
          "--window-size=1150,2600", "--virtual-time-budget=10000", f"--screenshot={screenshot}",
          "--enable-logging=stderr", "--v=0", page.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, check=False,
     )
     assert screenshot.exists(), proc.stderr[-3000:]
     return [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
@@ -52,7 +52,7 @@ def headless(page: Path, screenshot: Path) -> list[str]:
 def test_report_card_has_every_stage_and_every_figure_opens(repo):
     text = (repo / "reports" / "report.md").read_text()
     for stage in stages.TRAINING_TASKS:
-        assert re.search(rf"^\| {stage} \| ", text, re.M), f"{stage} has no row in the card"
+        assert re.search(rf"^\| {stage} \| ", text, re.MULTILINE), f"{stage} has no row in the card"
     links = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", text)
     assert {Path(link).name for link in links} == {"loss.png", "lr.png", "rl.png"}
     for link in links:
@@ -121,7 +121,8 @@ def test_dvc_plots_page_shows_every_plot_offline(repo, pipeline_env, tmp_path):
 
 def readme_exp_show() -> tuple[str, str]:
     """The `DROP=…` line and the `dvc exp show` command of the README's "Compare runs at a glance"."""
-    block = re.search(r"^## Compare runs at a glance\n.*?^```\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"^## Compare runs at a glance\n.*?^```\n(.*?)^```", readme, re.DOTALL | re.MULTILINE)
     lines = block.group(1).splitlines()
     drop = next(line for line in lines if line.startswith("DROP="))
     show = next(line.split("#")[0].strip() for line in lines if line.startswith("dvc exp show"))

@@ -49,11 +49,14 @@ def test_costs_flag_the_alignment_tax_and_collapsed_answers():
         "dpo": {"llmpipe_perplexity.bits_per_byte": 3.11},
         "grpo": {"llmpipe_perplexity.bits_per_byte": 2.31, "llmpipe_generation.distinct": 0.115},
     }
-    costs = {c.metric: c for c in checks.run_costs(evals, {"dpo": "sft", "grpo": "sft", "ppo": "sft"}, ("ppo", "grpo"))}
-    assert costs["cost_dpo_bpb_ratio"].passed is False and costs["cost_dpo_bpb_ratio"].value == pytest.approx(3.11 / 2.3)
+    sources = {"dpo": "sft", "grpo": "sft", "ppo": "sft"}
+    costs = {c.metric: c for c in checks.run_costs(evals, sources, ("ppo", "grpo"))}
+    assert costs["cost_dpo_bpb_ratio"].passed is False
+    assert costs["cost_dpo_bpb_ratio"].value == pytest.approx(3.11 / 2.3)
     assert "sft 2.300 → dpo 3.110" in costs["cost_dpo_bpb_ratio"].detail
     assert costs["cost_grpo_bpb_ratio"].passed is True
-    assert costs["cost_grpo_distinct"].passed is False and "sft 0.830 → grpo 0.115" in costs["cost_grpo_distinct"].detail
+    distinct = costs["cost_grpo_distinct"]
+    assert distinct.passed is False and "sft 0.830 → grpo 0.115" in distinct.detail
     assert costs["cost_ppo_bpb_ratio"].passed is None and costs["cost_ppo_distinct"].passed is None  # not evaluated
 
 
@@ -124,7 +127,8 @@ def test_provenance_reads_git_and_dvc_lock(tmp_path):
         "    outs:\n    - path: models/a\n      md5: abc.dir\n    - path: metrics/a.json\n      md5: def\n")
     for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "i"]):
         subprocess.run([*git, *cmd], cwd=tmp_path, check=True, capture_output=True)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True, check=True)
+    head = head.stdout.strip()
     (tmp_path / "metrics" / "a.json").write_text('{"x": 1}')  # the pipeline's own output: not dirty
     clean = provenance.collect(tmp_path, ["metrics", "reports"])
     assert clean.commit == head and clean.dirty == []

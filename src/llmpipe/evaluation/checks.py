@@ -7,7 +7,8 @@ its training stages.
 3. DPO works: ``dpo`` prefers the real body over the corrupted one more often than ``sft`` (``llmpipe_preference``
    acc_norm), by at least :data:`MIN_MARGIN_SE` standard errors of the difference.
 4. The reward model ranks held-out pairs right at least :data:`REWARD_MIN_ACCURACY` of the time, overall (by
-   :data:`MIN_MARGIN_SE` binomial standard errors over ``num_pairs``) and for each corruption type (``metrics/reward.json``).
+   :data:`MIN_MARGIN_SE` binomial standard errors over ``num_pairs``) and for each corruption type
+   (``metrics/reward.json``).
 5. PPO and GRPO raise the reward: the mean reward over the last 10% of steps exceeds the first 10%'s by at
    least :data:`MIN_MARGIN_SE` standard errors (of the difference) (``metrics/{ppo,grpo}.json``).
 6. GRPO writes better code: ``grpo``'s generation score is at least :data:`GRPO_MIN_SCORE_GAIN` above ``sft``'s
@@ -201,7 +202,8 @@ def grpo_vs_sft(evals: Metrics) -> Check:
     if isinstance(pair, str):
         return _skipped(claim, metric, pair)
     ours, ref = pair
-    significant, noise = beyond_noise(ours - ref, _stderr_of_difference(evals, "llmpipe_generation.score", "grpo", "sft"))
+    se = _stderr_of_difference(evals, "llmpipe_generation.score", "grpo", "sft")
+    significant, noise = beyond_noise(ours - ref, se)
     detail = f"sft {ref:.3f} → grpo {ours:.3f} ({ours - ref:+.3f}{noise})"
     for key, label in (("trivial", "trivial bodies"), ("distinct", "distinct bodies")):  # reward-hacking signs
         shares = _pair(evals, f"llmpipe_generation.{key}", "grpo", "sft")
@@ -246,7 +248,8 @@ def alignment_tax(evals: Metrics, stage: str, source: str) -> Check:
 def distinct_answers(evals: Metrics, stage: str, source: str) -> Check:
     """The share of distinct bodies RL `stage` generates (``llmpipe_generation.distinct``), beside its input
     model's; flagged (passed False) below :data:`RL_MIN_DISTINCT`."""
-    claim = f"{stage} writes distinct bodies for at least {RL_MIN_DISTINCT:.0%} of the prompts (llmpipe_generation.distinct)"
+    claim = (f"{stage} writes distinct bodies for at least {RL_MIN_DISTINCT:.0%} of the prompts "
+             "(llmpipe_generation.distinct)")
     metric = f"cost_{stage}_distinct"
     key = "llmpipe_generation.distinct"
     if key not in evals.get(stage, {}):

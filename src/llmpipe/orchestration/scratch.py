@@ -14,7 +14,7 @@ import yaml
 from llmpipe.report import plots_page
 
 REPO_FILES = ("src", "flows", "dvc.yaml", "prefect.yaml", ".gitignore", ".dvcignore")
-"""What a scratch repo holds besides params.yaml and DVC's config (with the offline plots page,
+"""What a scratch repo holds besides params.yaml and DVC's config (with the offline plots page of
 :mod:`llmpipe.report.plots_page`): the DAG, the code its stages hash as deps, and the flows."""
 
 

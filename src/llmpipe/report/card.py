@@ -143,8 +143,8 @@ def provenance_section(prov: Provenance, cost_per_hour: float, total_wall_s: flo
     if prov.dirty is None:
         state = ""
     else:
-        state = (" (dirty: " + ", ".join(f"`{p}`" for p in prov.dirty[:5]) + (" …" if len(prov.dirty) > 5 else "") + ")"
-                 if prov.dirty else " (clean)")
+        more = " …" if len(prov.dirty) > 5 else ""
+        state = f" (dirty: {', '.join(f'`{p}`' for p in prov.dirty[:5])}{more})" if prov.dirty else " (clean)"
     hours = total_wall_s / 3600
     lines = [
         "## Provenance", "",

@@ -48,7 +48,7 @@ class Provenance:
 
 def _git(root: Path, *args: str) -> str | None:
     try:
-        proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None
@@ -92,7 +92,7 @@ def _gpus() -> str:
         return "none"
     try:
         proc = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown (nvidia-smi failed)"
     return "; ".join(line.strip() for line in proc.stdout.splitlines() if line.strip()) or "none"
