@@ -104,8 +104,8 @@ def run(params: Params) -> dict[str, float]:
     """Write the report card, its figures and the headline metrics (under ``paths.output_root``).
 
     Returns:
-        The checks' numbers (``check_<name>`` of :mod:`llmpipe.evaluation.checks`; a skipped check is absent),
-        ``num_checks`` (run) and ``num_checks_passed``.
+        The checks' and costs' numbers (``check_<name>``, ``cost_<stage>_<what>`` of
+        :mod:`llmpipe.evaluation.checks`; a skipped one is absent), ``num_checks`` (run) and ``num_checks_passed``.
 
     Raises:
         UserError: A model in ``eval.models`` has no evaluation metrics, or a metrics file is malformed.
