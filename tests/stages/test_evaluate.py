@@ -29,6 +29,7 @@ from llmpipe.evaluation.hooks import distinct_share, generation_score, preferenc
 from llmpipe.evaluation.options import check_fewshot
 from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks
 from llmpipe.models import build_model, load_tokenizer, save_model
+from llmpipe.report import tables
 from llmpipe.stages import evaluate, report
 from llmpipe.stages.tokenizer import train_bpe
 
@@ -83,7 +84,7 @@ def write_eval_sets(eval_dir: Path, signature_mc: bool = True) -> None:
 
 def make_params(root: Path, **eval_overrides: Any):
     raw = {
-        "paths": {name: str(root / name) for name in ("data", "models", "metrics", "reports")},
+        "paths": {name: str(root / name) for name in ("data", "models", "metrics", "reports", "logs")},
         "eval": {**EVAL, **eval_overrides},
     }
     return raw, parse_params(raw)
@@ -308,7 +309,8 @@ def test_report_passing(tmp_path):
     _, params = make_params(tmp_path, models=["baseline", "pretrain", "sft", "dpo"])
     metrics = report.run(params)
     assert metrics == {"check_pretrain_bpb_ratio": 0.5, "check_sft_chat_bpb_delta": -0.5,
-                       "check_dpo_preference_acc_norm_delta": pytest.approx(0.15), "num_checks": 3, "num_checks_passed": 3}
+                       "check_dpo_preference_acc_norm_delta": pytest.approx(0.15), "num_checks": 3, "num_checks_passed": 3,
+                       "cost_sft_bpb_ratio": pytest.approx(1.05), "cost_dpo_bpb_ratio": pytest.approx(2.2 / 2.1)}
     text = (tmp_path / "reports" / "report.md").read_text()
     lines = text.splitlines()
     perplexity = lines[lines.index("### llmpipe_perplexity"):lines.index("### llmpipe_sft_chat")]
@@ -321,7 +323,7 @@ def test_report_passing(tmp_path):
     assert len(checks) == 3 and all(line.startswith("- ✓") for line in checks)
     assert "plain format: pretrain 1.6000 → sft 1.4000" in text
     assert "| prepare | 5.5 |" in text and "| pretrain | 321.0 |" in text and "| evaluate@dpo | 64.0 |" in text
-    assert "| pretrain | 2.5 | 2.25 | 600 | 11234.5 | – |" in text  # training table
+    assert "| pretrain | 321 | 600 | – | 11234.5 | – | – | – | loss 2.25 | – |" in text  # training stages table
     assert "llmpipe_signature_mc" in text and "Skipped: its evaluation set is empty" in text
 
 
@@ -384,7 +386,7 @@ def test_report_on_a_real_evaluation(tiny_root, cli_metrics):
     _, params = make_params(tiny_root)
     assert report.run(params) == {"num_checks": 0, "num_checks_passed": 0}
     text = (tiny_root / "reports" / "report.md").read_text()
-    assert f"| tiny | {report.fmt(cli_metrics['llmpipe_perplexity.bits_per_byte'])} |" in text
+    assert f"| tiny | {tables.fmt(cli_metrics['llmpipe_perplexity.bits_per_byte'])} |" in text
     assert "| evaluate@tiny |" in text
 
 

@@ -44,6 +44,7 @@ from llmpipe.config.runtime import (
     OrchestrationParams,
     ProfileParams,
     RegressionParams,
+    ReportParams,
     TaskOptions,
 )
 from llmpipe.config.training import (
@@ -76,6 +77,7 @@ __all__ = [
     "MixtureSourceParams",
     "ModelParams",
     "OrchestrationParams",
+    "ReportParams",
     "PPOParams",
     "Params",
     "ParamsError",

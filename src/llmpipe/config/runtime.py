@@ -103,6 +103,15 @@ class EvalParams(Section):
         return self
 
 
+class ReportParams(Section):
+    """`report`: what the report card needs beyond the metrics."""
+
+    cost_per_hour: float = Field(
+        1.0, ge=0, description="Price of one hour of the machine (any currency); the card's estimated cost is the "
+        "stages' total wall time × this (1.0: the cost reads as machine-hours)."
+    )
+
+
 _CRON_FIELD = re.compile(r"^[0-9A-Za-z*,/?-]+$")
 
 
