@@ -17,6 +17,7 @@ from typing import Any
 
 from llmpipe import stages
 from llmpipe.core.errors import UserError
+from llmpipe.train.progress import quiet_library_bars
 
 log = logging.getLogger("llmpipe")
 
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.task:
         parser.error("the following arguments are required: --task")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    quiet_library_bars()
     try:
         return _run(args, argv)
     except UserError as err:
