@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,7 +18,6 @@ from typing import Any
 
 from llmpipe import stages
 from llmpipe.core.errors import UserError
-from llmpipe.train.progress import quiet_library_bars
 
 log = logging.getLogger("llmpipe")
 
@@ -91,6 +91,16 @@ def overrides_from_args(args: argparse.Namespace, task: str) -> dict[str, Any]:
         flags = ", ".join(k.split(".")[-1] for k in out)
         raise UserError(f"--task {task} does not train; training overrides ({flags}) apply to {stages.TRAINING_TASKS}")
     return out
+
+
+def quiet_library_bars() -> None:
+    """Turn off the progress bars of `datasets` (map, filter) and huggingface_hub (downloads; transformers' model
+    shards) when stdout is not a terminal (CI, DVC, Prefect logs): they redraw with carriage returns, which a log
+    keeps as noise; `llmpipe.train.progress` prints plain lines there instead. Through the libraries' environment
+    switches, set only where unset, so it costs no import and holds for the libraries a stage imports later."""
+    if not sys.stdout.isatty():
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def metrics_path(params: Any, task: str, model: str | None) -> Path:

@@ -15,6 +15,8 @@ from transformers import TrainerCallback
 
 from llmpipe.callbacks import Callback, CallbackList, RunInfo, resolve
 from llmpipe.config import Params
+from llmpipe.core.io import write_jsonl
+from llmpipe.distributed.launch import is_main_process
 from llmpipe.stages import REGISTRY
 from llmpipe.train.progress import Progress
 from llmpipe.train.samples import Generate, SamplePrompts, Samples
@@ -36,8 +38,13 @@ def stage_callbacks(params: Params, stage: str, samples: StageSamples | None = N
         tag(REGISTRY[stage].best_metric[0]),
     )
     built_in: list[Callback] = [Progress(stage), tensorboard]
+    samples_path = paths.out(paths.logs, stage, "samples.jsonl")
     if samples is not None:
-        built_in.append(Samples(stage, *samples, paths.out(paths.logs, stage, "samples.jsonl"), tensorboard))
+        built_in.append(Samples(stage, *samples, samples_path, tensorboard))
+    if is_main_process():  # DVC's outs exist even when a finished run is only saved (no train start)
+        tensorboard.log_dir.mkdir(parents=True, exist_ok=True)
+        if samples is not None:
+            write_jsonl(samples_path, [])
     return CallbackList([*built_in, *(resolve(spec)() for spec in cfg.callbacks)])
 
 

@@ -2,13 +2,12 @@
 step anywhere else (CI, DVC, Prefect logs keep no carriage returns), a summary line per epoch and at the end.
 
 tqdm (already a transformers dependency) draws the bar; transformers' own bar is turned off (``disable_tqdm`` in
-`llmpipe.train.arguments`) so a run shows exactly one. :func:`quiet_library_bars` turns off the `datasets` and
-transformers bars of a run whose stdout is not a terminal.
+`llmpipe.train.arguments`) so a run shows exactly one; `llmpipe.cli` turns off the library bars (datasets, hub
+downloads, model shards) of a run whose stdout is not a terminal.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any, TextIO
@@ -29,15 +28,6 @@ def write(line: str, stream: TextIO | None = None) -> None:
     from tqdm import tqdm
 
     tqdm.write(line, file=stream or sys.stdout)
-
-
-def quiet_library_bars() -> None:
-    """Turn off the progress bars of `datasets` (map, filter), huggingface_hub and transformers (model shards) when
-    stdout is not a terminal: they redraw with carriage returns, which a log file keeps as noise. Through their
-    environment switches (set only where unset), so it costs no import and holds for libraries imported later."""
-    if not is_terminal(sys.stdout):
-        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def _duration(seconds: float) -> str:
