@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -23,7 +24,7 @@ from llmpipe.models import build_model, load_tokenizer, save_model
 class Recorder(Callback):
     """Records every hook it gets, in order, into the class list :attr:`events` (the stage builds it itself)."""
 
-    events: list[tuple] = []
+    events: ClassVar[list[tuple]] = []
 
     def on_train_start(self, run: RunInfo) -> None:
         self.events.append(("train_start", run.stage, run.max_steps, run.start_step))
@@ -169,13 +170,12 @@ def test_a_piped_stage_prints_one_plain_line_per_logging_step(tiny_inputs, tmp_p
                                                              "HF_HUB_DISABLE_PROGRESS_BARS")}  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "llmpipe.cli", "--task", "sft", "--output-dir", str(tmp_path / "out")]
-    proc = subprocess.run(cmd, cwd=tiny_inputs, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tiny_inputs, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     steps = re.findall(r"^sft step (\d+)/12 \| loss [\d.]+ \| lr [\d.e+-]+ \| [\d,]+ tok/s \| ETA [\d:]+$",
                        proc.stdout, re.MULTILINE)  # fmt: skip
     assert steps == ["4", "8", "12"], proc.stdout
-    assert re.search(r"^sft done at step 12 \| loss [\d.]+ \| .* tokens \| time .* \| peak memory", proc.stdout, re.M)
+    assert re.search(r"^sft done at step 12 \| loss [\d.]+ \| .* tokens \| time .* \| peak memory", proc.stdout, re.MULTILINE)
     for stream in (proc.stdout, proc.stderr):
         assert "\r" not in stream and "\x1b[" not in stream, "progress-bar control characters in a piped run"
