@@ -41,10 +41,10 @@ def inputs(params: Params) -> list[Path]:
 def samples(ppo, cfg, tokenizer):
     """PPO's samples (`llmpipe.train.hooks.StageSamples`): ``ppo.eval_prompts`` or the first ``num_eval_prompts``
     validation prompts, sampled and scored (reward model and functions) as a rollout is."""
-    from llmpipe.train.samples import SamplePrompts, chat_prompts
+    from llmpipe.train.samples import SamplePrompts, user_prompts
 
     if cfg.eval_prompts is not None:
-        prompts = chat_prompts(tokenizer, [[{"role": "user", "content": p}] for p in cfg.eval_prompts])
+        prompts = user_prompts(tokenizer, cfg.eval_prompts)
     else:
         n = cfg.num_eval_prompts
         prompts = SamplePrompts(ppo.valid.texts[:n], ppo.valid.ids[:n], ppo.valid.names[:n])

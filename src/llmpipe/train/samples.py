@@ -54,13 +54,25 @@ def chat_prompts(tokenizer, turns: list[list[dict[str, str]]], names: list[str] 
     return SamplePrompts(texts, ids, names or [function_name(t) for t in texts])
 
 
+def user_prompts(tokenizer, texts: list[str]) -> SamplePrompts:
+    """Each text as the one user turn of a conversation (``<stage>.eval_prompts``), chat-rendered."""
+    return chat_prompts(tokenizer, [[{"role": "user", "content": t}] for t in texts])
+
+
+HELD_OUT_ROWS = 64
+"""Held-out rows looked at for prompts that fit ``max_length`` (the first that fit are taken)."""
+
+
 def stage_prompts(cfg, tokenizer, held_out: Path) -> SamplePrompts:
-    """The chat prompts of a stage: ``cfg.eval_prompts`` as user turns, or ``num_eval_prompts`` of `held_out`."""
+    """The chat prompts of a stage: ``cfg.eval_prompts`` as user turns, or the first ``num_eval_prompts`` of the
+    first :data:`HELD_OUT_ROWS` rows of `held_out` whose rendered prompt fits ``cfg.max_length`` tokens."""
     if cfg.eval_prompts is not None:
-        return chat_prompts(tokenizer, [[{"role": "user", "content": p}] for p in cfg.eval_prompts])
+        return user_prompts(tokenizer, cfg.eval_prompts)
     if cfg.num_eval_prompts == 0:
         return SamplePrompts([], [], [])
-    return chat_prompts(tokenizer, held_out_turns(held_out, cfg.num_eval_prompts))
+    found = chat_prompts(tokenizer, held_out_turns(held_out, HELD_OUT_ROWS))
+    keep = [i for i, ids in enumerate(found.ids) if len(ids) <= cfg.max_length][: cfg.num_eval_prompts]
+    return SamplePrompts(*([column[i] for i in keep] for column in (found.texts, found.ids, found.names)))
 
 
 def function_name(text: str) -> str:
