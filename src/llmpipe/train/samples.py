@@ -86,14 +86,14 @@ def generation_config(tokenizer, max_new_tokens: int, generation=None):
     settings (`llmpipe.config.rl.GenerationParams`) when given."""
     from transformers import GenerationConfig
 
-    sampled = {}
+    sampled: dict[str, Any] = {"do_sample": False}
     if generation is not None:
         max_new_tokens = generation.max_new_tokens
         sampled = {"do_sample": True, "temperature": generation.temperature, "top_p": generation.top_p,
                    "top_k": generation.top_k, "min_p": generation.min_p,
                    "repetition_penalty": generation.repetition_penalty,
                    "suppress_tokens": generation.suppress_tokens or None}  # fmt: skip
-    return GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+    return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                             pad_token_id=tokenizer.pad_token_id, use_cache=True, **sampled)  # fmt: skip
 
 
