@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -93,6 +94,16 @@ def overrides_from_args(args: argparse.Namespace, task: str) -> dict[str, Any]:
     return out
 
 
+def quiet_library_bars() -> None:
+    """Turn off the progress bars of `datasets` (map, filter) and huggingface_hub (downloads; transformers' model
+    shards) when stdout is not a terminal (CI, DVC, Prefect logs): they redraw with carriage returns, which a log
+    keeps as noise; `llmpipe.train.progress` prints plain lines there instead. Through the libraries' environment
+    switches, set only where unset, so it costs no import and holds for the libraries a stage imports later."""
+    if not sys.stdout.isatty():
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def metrics_path(params: Any, task: str, model: str | None) -> Path:
     """Where the CLI writes a stage's metrics: metrics/<task>.json, metrics/eval/<model>.json for evaluate."""
     if task == "evaluate":
@@ -117,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.task:
         parser.error("the following arguments are required: --task")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    quiet_library_bars()
     try:
         return _run(args, argv)
     except UserError as err:

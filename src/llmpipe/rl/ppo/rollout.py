@@ -98,26 +98,14 @@ class Rollout:
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]]) -> Batch:
         """Sample one completion per prompt with the `generation` params (left-padded, one batch)."""
-        from transformers import GenerationConfig
+        from llmpipe.train.samples import generation_config
 
-        g, tok = self.cfg.generation, self.tokenizer
+        tok = self.tokenizer
         device = self.accelerator.device
         longest = max(len(p) for p in prompt_ids)
         ids = torch.tensor([[tok.pad_token_id] * (longest - len(p)) + p for p in prompt_ids], device=device)
         prompt_mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
-        config = GenerationConfig(
-            do_sample=True,
-            max_new_tokens=g.max_new_tokens,
-            temperature=g.temperature,
-            top_p=g.top_p,
-            top_k=g.top_k,
-            min_p=g.min_p,
-            repetition_penalty=g.repetition_penalty,
-            suppress_tokens=g.suppress_tokens or None,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            use_cache=True,
-        )
+        config = generation_config(tok, self.cfg.generation.max_new_tokens, self.cfg.generation)
         policy = self.accelerator.unwrap_model(self.policy)
         policy.eval()
         out = policy.generate(input_ids=ids, attention_mask=prompt_mask, generation_config=config)
