@@ -98,6 +98,10 @@ class TrainerStage(ABC):
         """Metrics beyond :func:`~llmpipe.train.loop.train_stage`'s, after training (`metrics`: those so far)."""
         return {}
 
+    def saved_with(self):
+        """What is saved beside the model in ``models/<name>`` (the tokenizer; a processor for a model of images)."""
+        return self.tokenizer
+
     def load_model(self):
         """The model to train, from :attr:`base` (raises UserError naming the stage to run when it is missing)."""
         return load_model(self.base, self.missing_base, trust_remote_code=self.trust_remote_code)
@@ -137,7 +141,7 @@ class TrainerStage(ABC):
         callbacks = [tensorboard_callback(params.paths.out(params.paths.logs, self.name, "tensorboard"))]
         trainer = self.make_trainer(model, self.config(run.path), train, valid, callbacks)
         counts |= self.check_trainer(trainer, len(train), len(valid))
-        metrics = train_stage(trainer, params, self.name, run, self.tokenizer)
+        metrics = train_stage(trainer, params, self.name, run, self.saved_with())
         metrics.update(counts)
         metrics.update(self.extra_metrics(trainer, metrics))
         return metrics
