@@ -88,7 +88,16 @@ class VLM(TrainerStage):
     def make_trainer(self, model, args, train, valid, callbacks: list):
         from trl import SFTTrainer
 
-        return SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid,
+        class VLMTrainer(SFTTrainer):
+            def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+                # transformers' Trainer loads a checkpoint's weights with load_state_dict(strict=False), but LLaVA
+                # saves them under its legacy key names (vision_tower.…, not model.vision_tower.…), so nothing
+                # would load and a resumed run would go on from the initial weights. from_pretrained maps them
+                # back; strict loading then fails loudly on any mismatch.
+                model = self.model if model is None else model
+                model.load_state_dict(type(model).from_pretrained(resume_from_checkpoint).state_dict())
+
+        return VLMTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid,
                           processing_class=self.processor, callbacks=callbacks)  # fmt: skip
 
     def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
