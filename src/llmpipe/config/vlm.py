@@ -17,7 +17,7 @@ class VisionParams(Section):
     path: str | None = Field(None, description="Local folder of a pretrained vision tower; null = build from the "
                              "keys below (random init).")
     image_size: int = Field(32, gt=0, description="Input side in pixels (images are resized to it).")
-    patch_size: int = Field(8, gt=0, description="Side of a patch in pixels: (image_size / patch_size)² image tokens.")
+    patch_size: int = Field(4, gt=0, description="Side of a patch in pixels: (image_size / patch_size)² image tokens.")
     hidden_size: int = Field(64, gt=0, description="Width of the vision transformer.")
     num_hidden_layers: int = Field(2, gt=0, description="Vision transformer layers.")
     num_attention_heads: int = Field(4, gt=0, description="Vision attention heads.")
@@ -48,17 +48,17 @@ class VLMParams(TrainParams):
     vision tower.
     """
 
-    lr: LearningRate = 1e-3
+    lr: LearningRate = 2e-3
     per_device_train_batch_size: TrainBatchSize = 16
-    max_steps: MaxSteps = 250
-    max_length: MaxLength = 64
-    eval_steps: EvalSteps = 125
-    save_steps: SaveSteps = 125
+    max_steps: MaxSteps = 400
+    max_length: MaxLength = 128
+    eval_steps: EvalSteps = 200
+    save_steps: SaveSteps = 200
     projector: Literal["mlp2x_gelu", "linear"] = Field(
         "mlp2x_gelu", description="LLaVA-1.5's two-layer GELU MLP, or linear (the two layers with no activation).")
     freeze_vision_tower: bool = Field(False, description="Keep the vision tower's weights as built or loaded.")
     freeze_projector: bool = Field(False, description="Keep the projector's (new, random) weights.")
-    freeze_language_model: bool = Field(True, description="Keep the SFT language model's weights (embeddings and "
+    freeze_language_model: bool = Field(False, description="Keep the SFT language model's weights (embeddings and "
                                         "head included): only what sees the image trains.")
     vision: VisionParams = VisionParams()
 
