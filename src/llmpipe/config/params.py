@@ -18,6 +18,7 @@ from llmpipe.config.training import (
     SFTParams,
     TrainParams,
 )
+from llmpipe.config.vlm import VLMParams
 
 
 class Params(Section):
@@ -34,6 +35,7 @@ class Params(Section):
     dpo: DPOParams = DPOParams()
     ppo: PPOParams = PPOParams()
     grpo: GRPOParams = GRPOParams()
+    vlm: VLMParams = VLMParams()
     distributed: DistributedParams = DistributedParams()
     profile: ProfileParams = ProfileParams()
     regression: RegressionParams = RegressionParams()

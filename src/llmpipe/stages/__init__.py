@@ -24,6 +24,7 @@ from typing import Any, Literal
 from llmpipe.config.rl import GRPOParams, PPOParams
 from llmpipe.config.section import Section
 from llmpipe.config.training import DPOParams, PretrainParams, RewardParams, SFTParams
+from llmpipe.config.vlm import VLMParams
 
 Kind = Literal["data", "training", "evaluation", "report", "hand"]
 
@@ -88,6 +89,9 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
     _training("grpo", GRPOParams, "Group relative policy optimisation (TRL GRPOTrainer) of the SFT model against "
               "verifiable rewards.", "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/${grpo.policy}",
               best_metric=("eval_reward", True), kl_unit="nats per token"),
+    _training("vlm", VLMParams, "LLaVA vision-language model on the SFT model (TRL SFTTrainer) from image "
+              "questions; held-out accuracy by question type.", "${paths.data}/vlm", "${paths.tokenizer}",
+              "${paths.models}/sft", one_process="not yet tried under several processes"),
     Stage("evaluate", "evaluation", "lm-evaluation-harness on one model (--model NAME).",
           inputs=("${paths.data}/eval", "${paths.models}/${item.model}")),
     Stage("report", "report", "The report card reports/report.{md,html}: checks, costs, results across stages, "

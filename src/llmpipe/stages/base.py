@@ -107,6 +107,9 @@ class TrainerStage(ABC):
         config = generation_config(self.tokenizer, self.cfg.eval_max_new_tokens)
         prompts = stage_prompts(self.cfg, self.tokenizer, self.data / "validation.jsonl")
         return prompts, model_generate(self.tokenizer, config)
+    def saved_with(self):
+        """What is saved beside the model in ``models/<name>`` (the tokenizer; a processor for a model of images)."""
+        return self.tokenizer
 
     def load_model(self):
         """The model to train, from :attr:`base` (raises UserError naming the stage to run when it is missing)."""
@@ -149,7 +152,7 @@ class TrainerStage(ABC):
         callbacks = [trainer_hooks(params, self.name, run.path, self.tokenizer, self.samples())]
         trainer = self.make_trainer(model, self.config(run.path), train, valid, callbacks)
         counts |= self.check_trainer(trainer, len(train), len(valid))
-        metrics = train_stage(trainer, params, self.name, run, self.tokenizer)
+        metrics = train_stage(trainer, params, self.name, run, self.saved_with())
         metrics.update(counts)
         metrics.update(self.extra_metrics(trainer, metrics))
         return metrics
