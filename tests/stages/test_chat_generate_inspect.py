@@ -82,15 +82,19 @@ def test_chat_answers_each_turn_and_clear_forgets_the_history(models, monkeypatc
 
 def test_chat_leaves_out_the_oldest_turns_that_no_longer_fit(models):
     from llmpipe.commands.chat import Conversation
-    from llmpipe.commands.generation import load_for_generation
+    from llmpipe.commands.generation import chat_ids, load_for_generation
     from llmpipe.core.errors import UserError
 
     _, tokenizer = load_for_generation(models["sft"])
-    alone = len(Conversation(tokenizer, None, None).prompt_ids("hello there")[0])
-    conversation = Conversation(tokenizer, None, limit=alone + 3)  # room for one message, not for two turns
+
+    def render(messages):
+        return chat_ids(tokenizer, messages), {}
+
+    alone = len(Conversation(render, None, None).prompt_ids("hello there")[0])
+    conversation = Conversation(render, None, limit=alone + 3)  # room for one message, not for two turns
     conversation.prompt_ids("hello there")
     conversation.answer("general kenobi")
-    ids, dropped = conversation.prompt_ids("hello there")
+    ids, _, dropped = conversation.prompt_ids("hello there")
     assert dropped == 2 and len(ids) == alone, "the first turn and its answer were left out"
     conversation.answer("general kenobi")
     before = list(conversation.turns)

@@ -102,3 +102,34 @@ def test_the_synthetic_set_is_seeded_balanced_and_readable(tmp_path):
         a, b = (Image.open(tmp_path / name / r["images"][0]) for name in ("a", "b"))
         assert a.size == (24, 24) and a.tobytes() == b.tobytes(), "same seed, same image"
         assert r["messages"][0]["content"].startswith("<image>")
+
+
+def test_chat_talks_about_an_image_with_a_vlm_folder(tiny_sft, tmp_path, monkeypatch, capsys):
+    import io
+    import re
+    import sys
+
+    from llmpipe.cli import main
+    from llmpipe.models import load_model, load_tokenizer
+    from llmpipe.vlm.model import build_processor, build_vlm
+
+    params = load_params(tiny_sft / "params.yaml")
+    processor = build_processor(load_tokenizer(tiny_sft / params.paths.tokenizer), params.vlm.vision)
+    model = build_vlm(load_model(tiny_sft / "models" / "sft", ""), processor, params.vlm)
+    model.save_pretrained(tmp_path / "vlm")
+    processor.save_pretrained(tmp_path / "vlm")
+    image = tiny_sft / "data" / "vlm" / "images" / "test" / "00000.png"
+
+    def chat(*flags: str) -> list[int]:
+        monkeypatch.setattr(sys, "stdin", io.StringIO("What colour is it?\nAnd its shape?\n/quit\n"))
+        code = main(["chat", "--model", str(tmp_path / "vlm"), "--max-new-tokens", "3", "--temperature", "0", *flags])
+        err = capsys.readouterr().err
+        assert code == 0, err
+        return [int(n) for n in re.findall(r"\[(\d+) prompt tokens", err)]
+
+    with_image, without = chat("--image", str(image)), chat()
+    assert len(with_image) == 2 and with_image[1] > with_image[0]
+    assert with_image[0] - without[0] == params.vlm.vision.num_image_tokens, "the image's tokens are in the prompt"
+
+    assert main(["chat", "--model", str(tiny_sft / "models" / "sft"), "--image", str(image)]) == 2
+    assert "is a text-only model" in capsys.readouterr().err

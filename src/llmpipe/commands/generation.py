@@ -195,7 +195,8 @@ def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
                                               return_dict=True)["input_ids"])  # fmt: skip
 
 
-def generate(model, tokenizer, prompts: list[list[int]], sampling: Sampling, streamer=None) -> list[list[int]]:
+def generate(model, tokenizer, prompts: list[list[int]], sampling: Sampling, streamer=None,
+             **model_inputs) -> list[list[int]]:
     """Continue each prompt; one batch, left-padded.
 
     Args:
@@ -204,6 +205,7 @@ def generate(model, tokenizer, prompts: list[list[int]], sampling: Sampling, str
         prompts: Token ids per prompt.
         sampling: How tokens are picked.
         streamer: A transformers streamer (`TextStreamer`) that prints tokens as they come; batch of one only.
+        model_inputs: More inputs of `model.generate` (a vision-language model's ``pixel_values``).
 
     Returns:
         Per prompt, the new token ids up to and including the first eos (no padding).
@@ -212,7 +214,7 @@ def generate(model, tokenizer, prompts: list[list[int]], sampling: Sampling, str
 
     batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(model.device)
     with torch.no_grad():
-        out = model.generate(**batch, streamer=streamer, **sampling.generate_kwargs(tokenizer))
+        out = model.generate(**batch, **model_inputs, streamer=streamer, **sampling.generate_kwargs(tokenizer))
     new = out[:, batch["input_ids"].shape[1]:].tolist()  # (B, new tokens), padded after an early eos
     eos = tokenizer.eos_token_id
     return [row[: row.index(eos) + 1] if eos in row else row for row in new]
