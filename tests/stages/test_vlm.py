@@ -50,6 +50,17 @@ def test_frozen_parts_stay_bit_identical_and_the_folder_loads_with_plain_transfo
     for kind in QUESTION_TYPES:
         assert 0 <= metrics[f"test_accuracy_{kind}"] <= 1 and metrics[f"test_chance_{kind}"] > 0
         assert f"untrained_accuracy_{kind}" in metrics
+    answers = [json.loads(line) for line in (out / "logs" / "vlm" / "answers" / "answers.jsonl").open()]
+    assert [a["type"] for a in answers] == sorted(QUESTION_TYPES * 2), "two held-out images per question type"
+    assert all((out / "logs" / "vlm" / "answers" / a["image"]).is_file() and a["expected"] for a in answers)
+
+    from llmpipe.report import vlm as report_vlm
+
+    (out / "figures").mkdir()
+    images = report_vlm.copy_images(out / "logs" / "vlm" / "answers", out / "figures")
+    section = "\n".join(report_vlm.section(metrics, out / "logs" / "vlm" / "answers", images))
+    assert "| shape |" in section and section.count("](figures/vlm-") == len(answers)
+    assert Image.open(out / "figures" / images[0]).size == (4 * 32, 4 * 32)
 
     model = AutoModelForImageTextToText.from_pretrained(out / "models" / "vlm")
     processor = AutoProcessor.from_pretrained(out / "models" / "vlm")

@@ -18,7 +18,7 @@ from llmpipe.config import Params
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir, atomic_file, write_json
 from llmpipe.evaluation.checks import Check, Metrics, run_checks, run_costs
-from llmpipe.report import card, figures, page, provenance, tables
+from llmpipe.report import card, figures, page, provenance, tables, vlm
 from llmpipe.report.headline import headline
 from llmpipe.stages import METRICS_STAGES, REGISTRY, TRAINING_TASKS, resolve_template
 
@@ -74,7 +74,7 @@ def input_models(params: Params) -> dict[str, str]:
 
 
 def render(params: Params, evals: Metrics, stage_metrics: dict[str, dict[str, Any]], checks: list[Check],
-           costs: list[Check], links: dict[str, str], prov: provenance.Provenance) -> str:
+           costs: list[Check], links: dict[str, str], prov: provenance.Provenance, images: dict[int, str]) -> str:
     """The report's markdown."""
     tasks = list(dict.fromkeys(params.eval.tasks))
     times = card.wall_times(stage_metrics, evals)
@@ -92,6 +92,7 @@ def render(params: Params, evals: Metrics, stage_metrics: dict[str, dict[str, An
         *card.stages_section(stage_metrics, logs),
         *card.rl_section(stage_metrics, RL_KL_UNITS),
         *card.samples_section(TRAINING_TASKS, logs),
+        *vlm.section(stage_metrics.get("vlm"), logs / "vlm" / "answers", images),
         *tables.results_section(tasks, evals),
         *tables.tasks_section(tasks, evals),
         *card.wall_time_section(times),
@@ -121,9 +122,11 @@ def run(params: Params) -> dict[str, float]:
     reports = params.paths.out(params.paths.reports)
     with atomic_dir(reports / "figures") as tmp:
         drawn = figures.draw_all(Path(params.paths.logs), TRAINING_TASKS, tuple(RL_KL_UNITS), tmp)
+        images = vlm.copy_images(Path(params.paths.logs, "vlm", "answers"), tmp)
     links = {name: f"figures/{path.name}" for name, path in drawn.items()}
     own = [params.paths.reports, params.paths.metrics, params.paths.logs]
-    text = render(params, evals, stage_metrics, checks, costs, links, provenance.collect(Path("."), own)) + "\n"
+    prov = provenance.collect(Path("."), own)
+    text = render(params, evals, stage_metrics, checks, costs, links, prov, images) + "\n"
     with atomic_file(reports / "report.md") as fh:
         fh.write(text)
     with atomic_file(reports / "report.html") as fh:

@@ -16,6 +16,7 @@ from typing import Any
 
 from llmpipe.config import Params
 from llmpipe.core.errors import UserError
+from llmpipe.core.io import atomic_dir, write_jsonl
 from llmpipe.data.image_records import IMAGE_TAG, read_records, typed_content
 from llmpipe.stages.base import TrainerStage
 from llmpipe.train.arguments import training_kwargs
@@ -108,10 +109,13 @@ class VLM(TrainerStage):
     def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
         """Held-out accuracy per question type of the trained model (``test_*``) and of the model as built
         before training (``untrained_*``), and the trainable parameters per part."""
-        from llmpipe.vlm.scoring import accuracy_by_type
+        from llmpipe.vlm.scoring import accuracy_by_type, sample_answers
 
         rows = self.rows["test"]
         trained = accuracy_by_type(trainer.model, self.processor, rows, self.data)
+        if trainer.is_world_process_zero():
+            write_answers(sample_answers(trainer.model, self.processor, rows, self.data), self.data,
+                          self.params.paths.out(self.params.paths.logs, self.name, "answers"))  # fmt: skip
         untrained = accuracy_by_type(self.load_model(), self.processor, rows, self.data)
         for kind in sorted(k.removeprefix("chance_") for k in trained if k.startswith("chance_")):
             log.info("vlm: %s accuracy %.3f ± %.3f (untrained %.3f, chance %.3f, n %d)", kind,
@@ -121,6 +125,16 @@ class VLM(TrainerStage):
                 | {f"untrained_{k}": v for k, v in untrained.items() if k.startswith("accuracy")} | self.trainable)
 
 
+def write_answers(answers: list[dict[str, Any]], data: Path, folder: Path) -> None:
+    """``<folder>/answers.jsonl`` and a copy of each answered image (``<n>.png``), for the report card; atomic."""
+    import shutil
+
+    with atomic_dir(folder) as tmp:
+        for i, answer in enumerate(answers):
+            shutil.copyfile(data / answer["image"], tmp / f"{i}.png")
+        write_jsonl(tmp / "answers.jsonl", [{**a, "image": f"{i}.png"} for i, a in enumerate(answers)])
+
+
 def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
     """Train models/vlm from models/sft on data/vlm; score it on data/vlm/test.jsonl.
 
@@ -128,7 +142,8 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
         The metrics of :func:`llmpipe.train.loop.train_stage`, ``num_truncated`` (records whose answer
         ``vlm.max_length`` cuts), ``test_accuracy_<type>`` / ``_se`` / ``test_chance_<type>`` /
         ``test_num_<type>`` and ``untrained_accuracy_<type>`` per question type (`llmpipe.vlm.scoring`), and
-        ``trainable_<part>`` parameter counts.
+        ``trainable_<part>`` parameter counts. Writes ``logs/vlm/answers/``: a few held-out images per question
+        type with the trained model's greedy answers (the report card shows them).
 
     Raises:
         UserError: Missing or refused inputs (records, images, models/sft), or a record whose image tokens

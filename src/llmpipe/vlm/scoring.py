@@ -81,3 +81,35 @@ def accuracy_by_type(model, processor, rows: list[dict[str, Any]], folder: Path)
                 f"chance_{kind}": round(1 / len(candidates[kind]), 4), f"num_{kind}": len(hits)}  # fmt: skip
     out["accuracy"] = round(sum(sum(h) for h in correct.values()) / len(rows), 4)
     return out
+
+
+def sample_answers(model, processor, rows: list[dict[str, Any]], folder: Path, per_type: int = 2,
+                   max_new_tokens: int = 8) -> list[dict[str, Any]]:
+    """The first `per_type` records of each question type answered greedily by `model` (the report card shows
+    them beside their images).
+
+    Returns:
+        One dict per record: ``image`` (path relative to `folder`), ``type``, ``question``, ``expected`` and
+        ``answer`` (the generated text, special tokens dropped).
+    """
+    import torch
+    from PIL import Image
+
+    chosen: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if len(chosen[row.get("type", "all")]) < per_type:
+            chosen[row.get("type", "all")].append(row)
+    out = []
+    for kind, picked in sorted(chosen.items()):
+        for row in picked:
+            last = max(i for i, m in enumerate(row["messages"]) if m["role"] == "assistant")
+            prompt = processor.apply_chat_template(row["messages"][:last], add_generation_prompt=True, tokenize=False)
+            images = [Image.open(folder / p).convert("RGB") for p in row["images"]]
+            batch = processor(images=images, text=prompt, return_tensors="pt")
+            with torch.no_grad():
+                ids = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
+            answer = processor.decode(ids[0, batch["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+            question = "".join(p.get("text") or "" for m in row["messages"][:last] for p in typed_content(m["content"]))
+            out.append({"image": row["images"][0], "type": kind, "question": question.strip(),
+                        "expected": _answer(row), "answer": answer})  # fmt: skip
+    return out
