@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmpipe.config.section import Section
 
@@ -88,6 +89,24 @@ class TrainParams(Section):
     max_eval_samples: MaxEvalSamples = 128
     num_samples: int | None = Field(None, gt=0, description="Train on at most this many examples (None = all).")
     dataloader_num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = Field(
+        ["tensorboard"],
+        description="Trackers the run logs to (the HF Trainer's integrations), all on this machine under paths.logs: "
+        "tensorboard (always: logs/<stage>/tensorboard is a DVC output), wandb (offline, logs/wandb), mlflow "
+        "(SQLite store logs/mlflow/mlflow.db), trackio (logs/trackio).",
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _trackers_installed(cls, report_to: list[str]) -> list[str]:
+        if "tensorboard" not in report_to:
+            raise ValueError("must list tensorboard (logs/<stage>/tensorboard is a DVC output); add the other "
+                             "trackers after it, e.g. [tensorboard, mlflow]")
+        missing = [name for name in dict.fromkeys(report_to) if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ValueError(f"{' and '.join(missing)} not installed: pip install {' '.join(missing)} "
+                             "(or leave it out of report_to)")
+        return list(dict.fromkeys(report_to))
 
     @property
     def resolved_max_steps(self) -> int:
