@@ -69,3 +69,14 @@ def test_a_stage_names_its_own_tracker_key():
         if importlib.util.find_spec("trackio") is not None:
             pytest.skip("trackio is installed here")
         parse_params({"grpo": {"report_to": ["tensorboard", "trackio"]}})
+
+
+def test_every_tracker_store_is_local_and_under_the_logs_folder(tmp_path):
+    from llmpipe.train.trackers import store_environment
+
+    env = store_environment(["wandb", "mlflow", "trackio"], tmp_path / "logs")
+    assert env["WANDB_MODE"] == "offline", "W&B never uploads from a run (wandb sync does, by hand)"
+    assert env["MLFLOW_TRACKING_URI"] == f"sqlite:///{tmp_path / 'logs' / 'mlflow' / 'mlflow.db'}"
+    stores = [env["WANDB_DIR"], env["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///"), env["TRACKIO_DIR"]]
+    assert all(s.startswith(str(tmp_path / "logs")) for s in stores), stores
+    assert store_environment([], tmp_path / "logs") == {}, "TensorBoard alone sets nothing"
