@@ -21,6 +21,7 @@ import json
 import re
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from llmpipe.config import load_params
 from llmpipe.orchestration import experiments
 from llmpipe.orchestration.experiments import check_experiment, dvc, working_copy_path
 from llmpipe.orchestration.plan import PlannedStage, stage_plan
-from llmpipe.orchestration.processes import end_marked_processes, run_command, stage_env
+from llmpipe.orchestration.processes import end_marked_processes, failure_reason, run_command, stage_env
 from llmpipe.orchestration.summary import REPORT_STAGE, PipelineResult, StageRun, eval_tables, summary_markdown
 from llmpipe.report.page import markdown_with_images
 
@@ -141,7 +142,7 @@ def plan_stages(workdir: Path, targets: list[str] | None) -> list[PlannedStage]:
 
 
 @task(cache_policy=NO_CACHE, task_run_name="{stage}")
-def run_stage(workdir: Path, stage: str, force: bool) -> StageRun:
+def run_stage(workdir: Path, stage: str, force: bool, timeout_s: float | None = None) -> StageRun:
     """`dvc repro --single-item <stage>` in `workdir`, its output streamed to this task's log.
 
     DVC skips the stage when its deps, params and outs match dvc.lock (or restores its outputs from the
@@ -152,24 +153,34 @@ def run_stage(workdir: Path, stage: str, force: bool) -> StageRun:
         workdir: The repository or working copy.
         stage: DVC stage name, e.g. `evaluate@sft`.
         force: Run the stage even if DVC finds it up to date.
+        timeout_s: Seconds this try may take (`orchestration.stage_timeout`); past them the process tree is
+            stopped (SIGINT, SIGTERM, SIGKILL) and the try fails. None: no limit.
 
     Raises:
-        StageFailedError: `dvc repro` exited non-zero (retried per `orchestration.retries`).
+        StageFailedError: `dvc repro` exited non-zero or ran out of time (retried per `orchestration.retries`); the
+            message ends with what the stage's output says went wrong, so the flow run's state message says it.
     """
     logger = get_run_logger()
     cmd = [sys.executable, "-m", "dvc", "repro", "--single-item", *(["--force"] if force else []), stage]
     seen: list[str] = []
+    tail: deque[str] = deque(maxlen=200)
 
     def log_line(line: str) -> None:
         if line.startswith(("Running stage", "Stage '")):
             seen.append(line)
+        tail.append(line)
         logger.info(line)
 
     start = time.perf_counter()
-    code = run_command(cmd, workdir, stage_env(current_flow_run.id), log_line)
+    try:
+        code = run_command(cmd, workdir, stage_env(current_flow_run.id), log_line, timeout_s)
+    except TimeoutError as err:
+        raise StageFailedError(f"{stage}: {err} (orchestration.stage_timeout_s / timeout_s); its last output:\n"
+                               f"{failure_reason(tail)}") from None
     wall_s = time.perf_counter() - start
     if code:
-        raise StageFailedError(f"{stage}: `dvc repro --single-item {stage}` exited with {code} after {wall_s:.1f} s")
+        raise StageFailedError(f"{stage}: `dvc repro --single-item {stage}` exited with {code} after {wall_s:.1f} s:\n"
+                               f"{failure_reason(tail)}")
     if any(line.startswith("Running stage") for line in seen):
         status = "ran"
     elif any("is cached - skipping run" in line for line in seen):
@@ -253,7 +264,7 @@ def full_pipeline(
         workdir = make_working_copy(root, experiment, overrides) if experiment else root
         plan = plan_stages(workdir, stages)
         try:
-            runs = [run(workdir, stage.name, force) for stage in plan]
+            runs = [run(workdir, stage.name, force, orchestration.stage_timeout(stage.name)) for stage in plan]
         except BaseException:
             if experiment:
                 get_run_logger().warning(

@@ -24,6 +24,7 @@ from llmpipe.config import ModelParams, parse_params
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import write_jsonl
 from llmpipe.data.corrupt import CORRUPTIONS
+from llmpipe.evaluation.checks import rl_reward_gain
 from llmpipe.evaluation.harness import flatten
 from llmpipe.evaluation.hooks import distinct_share, generation_score, preference_accuracy
 from llmpipe.evaluation.options import check_fewshot
@@ -195,6 +196,23 @@ def test_documents_longer_than_the_context_are_left_out_and_counted(tiny_root, t
     cut = sorted(lengths)[len(lengths) // 2]
     kept, left_out = render_tasks(["llmpipe_sft_chat"], eval_dir, tok, tmp_path / "w", cut, 16)["llmpipe_sft_chat"]
     assert kept == sum(n <= cut for n in lengths) and left_out == sum(n > cut for n in lengths) > 0
+
+
+def test_a_task_whose_every_document_is_too_long_says_so_and_names_the_key(tiny_root, caplog):
+    _, params = make_params(tiny_root, tasks=["llmpipe_sft_chat", "llmpipe_generation"], max_length=8)
+    with caplog.at_level("WARNING", logger="llmpipe.stages.evaluate"):
+        metrics = evaluate.run(params, model="tiny")  # nothing fits: lm-eval is never called
+    assert metrics == {"llmpipe_sft_chat.num_docs": 0, "llmpipe_generation.num_docs": 0,
+                       "llmpipe_sft_chat.num_too_long": 4, "llmpipe_generation.num_too_long": 4}
+    assert "llmpipe_sft_chat: skipped (num_docs 0): all 4 documents are longer than 8 tokens; raise eval.max_length " \
+           "(now 8)" in caplog.text
+    assert "or lower eval.max_new_tokens (now 16" in caplog.text and "evaluation set is empty" not in caplog.text
+    # Past the model's own context (256 positions), raising eval.max_length cannot help: the message says what can.
+    assert "train it with a longer model.max_position_embeddings" in evaluate.longer_context(
+        "llmpipe_sft_chat", params.eval.model_copy(update={"max_length": 4096}), 256)
+    text = "\n".join(report.tasks_section(["llmpipe_sft_chat"], {"tiny": metrics}))
+    assert "Skipped: all 4 documents are longer than the evaluation context" in text and "raise eval.max_length" in text
+    assert "evaluation set is empty" not in text
 
 
 def test_preference_hook_scores_summed_and_per_character_by_corruption():
@@ -371,6 +389,18 @@ def test_report_rl_checks_and_drift_table(tmp_path):
     assert any("trivial bodies: sft 0.010 → grpo 0.020; distinct bodies: sft 0.900 → grpo 0.050" in line
                for line in lines)
     assert "| ppo | 0.2 ± 0.03 | 0.325 ± 0.04 | 0.05 nats per response | 40 → 30 |" in lines
+
+
+def test_rl_check_says_what_happened_when_it_has_no_gain_to_measure():
+    flat = {"reward_first": 0.0, "reward_last": 0.0, "frac_zero_std_groups": 1.0}  # se nan: dropped from the metrics
+    check = rl_reward_gain({"grpo": flat}, "grpo")
+    assert check.passed is False and check.value == 0.0, "a run whose rewards never varied learned nothing: it fails"
+    assert "grpo ran, but every group's rewards were equal on every step" in check.detail
+    assert "run the grpo stage" not in check.detail
+    few = rl_reward_gain({"grpo": {**flat, "frac_zero_std_groups": 0.5}}, "grpo")
+    assert few.passed is None and "logged too few steps for a standard error" in few.detail
+    assert "grpo.logging_steps" in few.detail
+    assert "no metrics/ppo.json (run the ppo stage)" in rl_reward_gain({}, "ppo").detail
 
 
 def test_report_needs_every_models_evaluation(tmp_path):

@@ -116,13 +116,44 @@ _CRON_FIELD = re.compile(r"^[0-9A-Za-z*,/?-]+$")
 
 
 class OrchestrationParams(Section):
-    """The Prefect flow `full-pipeline` (flows/full_pipeline.py): retries of a failed stage, optional schedule.
+    """The Prefect flow `full-pipeline` (flows/full_pipeline.py): retries of a failed stage, time limits, optional
+    schedule.
 
     No DVC stage reads this section, so changing it reruns nothing.
     """
 
     retries: int = Field(2, ge=0, description="Retries of a failed stage (a training stage resumes its checkpoint).")
     retry_delay_s: float = Field(10.0, ge=0, description="Seconds between a stage failing and its retry.")
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Time limit of one try of a stage, in seconds: past it the stage's processes are stopped (SIGINT, "
+        "SIGTERM, then SIGKILL) and the try fails, to be retried like any failure; null = no limit.",
+    )
+    stage_timeout_s: dict[str, float] = Field(
+        {},
+        description="Per-stage time limits over timeout_s, by DVC stage: {pretrain: 3600}; `evaluate` covers every "
+        "evaluate@<model>, `evaluate@sft` one of them.",
+    )
+
+    @model_validator(mode="after")
+    def _stage_timeouts_name_stages(self) -> OrchestrationParams:
+        if not self.stage_timeout_s:  # the default, built while the registry imports this module
+            return self
+        from llmpipe.stages import DVC_STAGES  # the registry imports config sections: import at call time
+
+        for stage, limit in self.stage_timeout_s.items():
+            if stage.partition("@")[0] not in DVC_STAGES:
+                raise ValueError(f"orchestration.stage_timeout_s.{stage}: not a stage of dvc.yaml; one of "
+                                 f"{', '.join(DVC_STAGES)} (or evaluate@<model>)")
+            if not limit > 0:
+                raise ValueError(f"orchestration.stage_timeout_s.{stage}: {limit} is not a positive number of seconds")
+        return self
+
+    def stage_timeout(self, stage: str) -> float | None:
+        """Seconds one try of DVC stage `stage` (`pretrain`, `evaluate@sft`) may take, or None for no limit: its own
+        entry in `stage_timeout_s`, else its matrix group's (`evaluate`), else `timeout_s`."""
+        return self.stage_timeout_s.get(stage, self.stage_timeout_s.get(stage.partition("@")[0], self.timeout_s))
     cron: str | None = Field(
         None, description="Schedule of the served deployment as a 5-field cron string, e.g. '0 3 * * *'; null = none."
     )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import Annotated, Literal
 
@@ -104,6 +105,12 @@ class TrainParams(Section):
     histogram_steps: int = Field(
         0, ge=0, description="Optimizer steps between TensorBoard histograms of weights and gradients; 0 = off."
     )
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = Field(
+        ["tensorboard"],
+        description="Trackers the run logs to (the HF Trainer's integrations), all on this machine under paths.logs: "
+        "tensorboard (always: logs/<stage>/tensorboard is a DVC output), wandb (offline, logs/wandb), mlflow "
+        "(SQLite store logs/mlflow/mlflow.db), trackio (logs/trackio).",
+    )
 
     @field_validator("callbacks")
     @classmethod
@@ -111,6 +118,18 @@ class TrainParams(Section):
         for spec in value:  # imported now, so a wrong path stops the stage before any work
             resolve(spec)
         return value
+
+    @field_validator("report_to")
+    @classmethod
+    def _trackers_installed(cls, report_to: list[str]) -> list[str]:
+        if "tensorboard" not in report_to:
+            raise ValueError("must list tensorboard (logs/<stage>/tensorboard is a DVC output); add the other "
+                             "trackers after it, e.g. [tensorboard, mlflow]")
+        missing = [name for name in dict.fromkeys(report_to) if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ValueError(f"{' and '.join(missing)} not installed: pip install {' '.join(missing)} "
+                             "(or leave it out of report_to)")
+        return list(dict.fromkeys(report_to))
 
     @property
     def resolved_max_steps(self) -> int:

@@ -15,13 +15,14 @@ its training stages.
    (``llmpipe_generation.score``), and by at least :data:`MIN_MARGIN_SE` standard errors of the difference.
 
 Wherever lm-eval or the stage gives a standard error, a check passes only by a margin of :data:`MIN_MARGIN_SE` of
-them (lm-eval gives none for bits per byte: checks 1 and 2 compare the figures as they are). A check whose models
-are not evaluated (not in ``eval.models``) or whose metric is missing is skipped.
+them (lm-eval gives none for bits per byte: checks 1 and 2 compare the figures as they are).
 
 Beside the claims, :func:`run_costs` flags what post-training cost: each post-training stage's held-out bits per
 byte against its input model's (the "alignment tax", flagged above :data:`ALIGNMENT_TAX_MAX_RISE`) and the RL
 stages' share of distinct generated bodies (flagged below :data:`RL_MIN_DISTINCT`: one body written for every
 prompt is reward hacking, not learning).
+A check whose models are not evaluated (not in ``eval.models``) or whose metric is missing is skipped, saying
+why; a GRPO run whose groups never differed in reward (no gradient at all) fails check 5.
 """
 
 from __future__ import annotations
@@ -184,8 +185,19 @@ def rl_reward_gain(stages: Metrics, stage: str) -> Check:
     metric = f"check_{stage}_reward_gain_se"
     m = stages.get(stage)
     keys = ("reward_first", "reward_first_se", "reward_last", "reward_last_se")
-    if m is None or any(k not in m for k in keys):
-        return _skipped(claim, metric, f"skipped: no reward_first/last in metrics/{stage}.json (run the {stage} stage)")
+    if m is None:
+        return _skipped(claim, metric, f"skipped: no metrics/{stage}.json (run the {stage} stage)")
+    if m.get("frac_zero_std_groups", 0.0) >= 1.0:  # GRPO's advantages are all 0: loss and gradient 0 on every step
+        return Check(claim, metric, 0.0, False, f"{stage} ran, but every group's rewards were equal on every step "
+                     "(frac_zero_std_groups 1.0): no advantage, no gradient, the policy never moved; use rewards "
+                     f"that differ between completions ({stage}.rewards, e.g. a graded one) or more "
+                     f"{stage}.num_generations")
+    if "reward_first" not in m:
+        return _skipped(claim, metric, f"skipped: {stage} logged no training step with a reward (metrics/{stage}.json "
+                        f"has no reward_first; lower {stage}.logging_steps below {stage}.max_steps)")
+    if any(k not in m for k in keys):  # one logged step per tenth: no spread, so no standard error (nan, dropped)
+        return _skipped(claim, metric, f"skipped: {stage} logged too few steps for a standard error (a tenth of them "
+                        f"is one step; it needs at least 11: lower {stage}.logging_steps or raise {stage}.max_steps)")
     first, first_se, last, last_se = (m[k] for k in keys)
     se = (first_se**2 + last_se**2) ** 0.5
     gain = (last - first) / se if se > 0 else float("inf") if last > first else 0.0

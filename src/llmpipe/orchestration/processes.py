@@ -4,13 +4,15 @@ can end the whole tree (dvc, llm-train, accelerate workers) and DVC releases its
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 RUN_MARKER_ENV = "LLMPIPE_FLOW_RUN_ID"
@@ -28,24 +30,79 @@ def stage_env(flow_run_id: str | None) -> dict[str, str]:
     return env
 
 
-def run_command(cmd: list[str], cwd: Path, env: dict[str, str], on_line: Callable[[str], None]) -> int:
+def run_command(
+    cmd: list[str], cwd: Path, env: dict[str, str], on_line: Callable[[str], None], timeout_s: float | None = None
+) -> int:
     """Run `cmd` in its own process group, passing each output line to `on_line`; return its exit code.
 
     Whatever interrupts the wait (cancellation raises in this thread) ends the whole process tree first.
+
+    Args:
+        cmd: The command.
+        cwd: Its working directory.
+        env: Its environment (:func:`stage_env`).
+        on_line: Called with each line of its stdout and stderr (merged), control sequences removed.
+        timeout_s: Seconds it may run; past them its process group is stopped (:func:`stop_process_group`).
+            A watchdog thread does it: the wait here blocks reading the output, which a silent process never
+            ends, so neither a check between lines nor Prefect's task timeout (an exception raised into this
+            thread between bytecodes) would fire.
+
+    Raises:
+        TimeoutError: It ran past `timeout_s` and was stopped (its last lines have gone to `on_line`).
     """
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
+    timed_out = threading.Event()
+
+    def stop_when_late() -> None:
+        timed_out.set()
+        stop_process_group(proc)
+
+    watchdog = threading.Timer(timeout_s, stop_when_late) if timeout_s else None
     try:
+        if watchdog:
+            watchdog.start()
         assert proc.stdout is not None
         for raw in proc.stdout:
             # Progress bars redraw with \r and move the cursor: keep the last state of a line, without escapes.
             line = ANSI_ESCAPE.sub("", raw.decode(errors="replace").rstrip("\n").split("\r")[-1]).rstrip()
             if line:
                 on_line(line)
-        return proc.wait()
+        code = proc.wait()
     finally:
+        if watchdog:
+            watchdog.cancel()
         stop_process_group(proc)
+    if timed_out.is_set():
+        raise TimeoutError(f"stopped after its time limit of {timeout_s:g} s (exit code {code})")
+    return code
+
+
+def failure_reason(lines: Sequence[str], max_lines: int = 12) -> str:
+    """What a failed stage's output says went wrong, for the flow run's state message.
+
+    `llm-train`'s own error (``llm-train: error: …`` and its indented continuation lines: a params error lists one
+    key per line) when there is one; else the exception line of the last Python traceback; else the last lines
+    that are not DVC's closing ``ERROR: failed to reproduce …`` (which only repeats the exit code).
+
+    Args:
+        lines: The output's last lines, oldest first.
+        max_lines: At most this many lines come back.
+    """
+    lines = list(lines)
+    starts = [i for i, line in enumerate(lines) if line.startswith("llm-train: error:")]
+    if starts:
+        picked = [lines[starts[-1]]]
+        picked += list(itertools.takewhile(lambda line: line.startswith((" ", "\t")), lines[starts[-1] + 1 :]))
+        return "\n".join(picked[:max_lines])
+    own = [line for line in lines if not line.startswith("ERROR: failed to reproduce")]
+    tracebacks = [i for i, line in enumerate(own) if line.startswith("Traceback (most recent call last)")]
+    if tracebacks:
+        error = next((line for line in own[tracebacks[-1] + 1 :] if not line.startswith((" ", "\t"))), None)
+        if error:
+            return error
+    return "\n".join(own[-max_lines:]) or "(no output)"
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:

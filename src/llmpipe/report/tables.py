@@ -123,6 +123,11 @@ def tasks_section(tasks: list[str], evals: Metrics) -> list[str]:
             continue
         metrics = ", ".join(f"{m.name} {'↑' if m.higher_is_better else '↓'}" for m in local.metrics)
         lines.append(f"- **{task}** ({metrics}{docs}): {local.measures}")
-        if counts and max(counts) == 0:
+        too_long = max((m.get(f"{task}.num_too_long", 0) for m in evals.values()), default=0)
+        if counts and max(counts) == 0 and too_long:
+            lines.append(f"  *Skipped: all {fmt(too_long)} documents are longer than the evaluation context "
+                         f"(`{task}.num_too_long`); raise eval.max_length (the evaluate stage's log names the "
+                         "key when the model's own context caps it); no numbers.*")
+        elif counts and max(counts) == 0:
             lines.append("  *Skipped: its evaluation set is empty (this data source has none); no numbers.*")
     return [*lines, ""]

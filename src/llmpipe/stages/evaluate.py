@@ -11,11 +11,11 @@ import logging
 import tempfile
 from pathlib import Path
 
-from llmpipe.config import Params
+from llmpipe.config import EvalParams, Params
 from llmpipe.core.errors import UserError
 from llmpipe.evaluation import harness
 from llmpipe.evaluation.options import check_fewshot
-from llmpipe.evaluation.tasks import render_tasks
+from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks
 from llmpipe.models import check_model_dir, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,20 @@ def model_dir(params: Params, model: str, trust_remote_code: bool = False) -> Pa
     path = Path(params.paths.models, model)
     check_model_dir(path, f"run the stage that makes it first (dvc repro {model})", trust_remote_code)
     return path
+
+
+def longer_context(task: str, cfg: EvalParams, max_length: int) -> str:
+    """What to change so that `task`'s documents fit the `max_length`-token evaluation context: ``eval.max_length``,
+    or, when the model's ``max_position_embeddings`` capped it below that, the model's context (a retrain); and
+    for the generation task, which must fit ``eval.max_new_tokens`` as well, that key."""
+    if max_length < cfg.max_length:
+        fix = (f"the model's max_position_embeddings ({max_length}) caps eval.max_length ({cfg.max_length}): "
+               "train it with a longer model.max_position_embeddings")
+    else:
+        fix = f"raise eval.max_length (now {cfg.max_length})"
+    if LOCAL_TASKS[task].output_type == "generate_until":
+        fix += f", or lower eval.max_new_tokens (now {cfg.max_new_tokens}, counted in the context)"
+    return fix
 
 
 def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str, float]:
@@ -66,10 +80,13 @@ def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str
             tasks, Path(params.paths.data, "eval"), tokenizer, work, max_length, params.eval.max_new_tokens
         )
         skipped = [name for name, (n, _) in counts.items() if n == 0]
-        for name in skipped:
-            log.warning("%s: its evaluation set is empty; skipped (num_docs 0)", name)
         for name, (n, too_long) in counts.items():
-            if too_long:
+            if n == 0 and too_long:
+                log.warning("%s: skipped (num_docs 0): all %d documents are longer than %d tokens; %s",
+                            name, too_long, max_length, longer_context(name, params.eval, max_length))
+            elif n == 0:
+                log.warning("%s: its evaluation set is empty (this data source has none); skipped (num_docs 0)", name)
+            elif too_long:
                 log.warning("%s: %d documents longer than %d tokens left out (scored %d)", name, too_long, max_length, n)
         names = [name for name in tasks if name not in skipped]
         metrics = {f"{name}.num_docs": 0.0 for name in skipped}

@@ -78,6 +78,10 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     cfg, paths = params.ppo, params.paths
     if params.distributed.torch_compile:
         raise UserError("ppo does not support distributed.torch_compile yet; set it to false")
+    if untracked := [name for name in cfg.report_to if name != "tensorboard"]:
+        log.warning("%s: %s not logged to: PPO runs its own loop, not the HF Trainer whose integrations they are; "
+                    "it logs to TensorBoard and logs/ppo/train.csv", params.source_of("ppo", "report_to"),
+                    ", ".join(untracked))  # fmt: skip
     data = Path(paths.data, "sft")
     tokenizer = load_tokenizer(paths.tokenizer, trust_remote_code)
     budget = cfg.max_length - cfg.generation.max_new_tokens

@@ -10,6 +10,7 @@ from typing import Any
 from llmpipe.config import Params, TrainParams
 from llmpipe.core.errors import UserError
 from llmpipe.stages import REGISTRY, TRAINING_TASKS
+from llmpipe.train.trackers import tracker_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,6 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
         "use_cpu": not torch.cuda.is_available(),
         "include_num_input_tokens_seen": True,
         "logging_nan_inf_filter": False,  # a NaN step loss must reach NonFiniteLossGuard, not be averaged away
-        "report_to": "none",
         "disable_tqdm": True,  # llmpipe.train.progress draws the one bar (or plain lines off a terminal)
+        **tracker_kwargs(params, stage),  # report_to, run_name, project (TensorBoard: our own callback)
     }

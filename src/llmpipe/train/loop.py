@@ -22,6 +22,7 @@ from llmpipe.distributed.agreement import ranks_agree
 from llmpipe.distributed.launch import check_world
 from llmpipe.models import count_parameters, save_model
 from llmpipe.train.checkpoints import Run
+from llmpipe.train.trackers import hold_run_end
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
     trainer.add_callback(NonFiniteLossGuard(trainer, stage))
     if (at := kill_at_step()) is not None:
         trainer.add_callback(KillAtStep(at))
+    end_tracker_runs = hold_run_end(trainer)  # after the final evaluation, which they log too
     if _finished_run(trainer, params, stage, run):
         # Resumed at max_steps, the HF Trainer would train one step more; the run is done, so load its weights.
         from transformers import TrainerState
@@ -151,6 +153,7 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
             raise RuntimeError(f"{stage}: DDP ranks ended with different weights (checksums differ by {diff})")
         world["ranks_agree"] = True
     final_eval = trainer.evaluate()
+    end_tracker_runs()
     if trainer.is_world_process_zero():
         write_plots(trainer.state.log_history, params.paths.out(params.paths.logs, stage))
         write_ledger(ledger.rows, params.paths.out(params.paths.logs, stage))
