@@ -35,8 +35,7 @@ def test_offered_optimisers_are_the_installed_transformers_names():
         ({"sft": {"optim": "galore_adamw"}}, r"sft\.optim: 'galore_adamw' is not offered: .*peft"),
         ({"sft": {"muon_lr": 0.05}}, r"sft\.muon_lr \(0\.05\) applies to sft\.optim muon, not 'adamw_torch'"),
         ({"train": {"optim": "muon", "muon_momentum": 1.0}}, r"train\.muon_momentum: Input should be less than 1"),
-        ({"dpo": {"min_lr": 1e-5}}, r"dpo\.min_lr \(1e-05\) applies to dpo\.lr_scheduler_type cosine_with_min_lr or "
-                                    r"warmup_stable_decay, not 'cosine'"),
+        ({"dpo": {"min_lr": 1e-5}}, r"dpo\.min_lr \(1e-05\) applies to dpo\.lr_scheduler_type cosine_with_min_lr or w"),
         ({"train": {"lr_scheduler_type": "cosine_with_min_lr"}}, r"cosine_with_min_lr needs train\.min_lr > 0"),
         ({"sft": {"lr_scheduler_type": "cosine_with_min_lr", "min_lr": 0.01}},
          r"sft\.min_lr \(0\.01\) must be below sft\.lr \(0\.0003\)"),
@@ -45,8 +44,7 @@ def test_offered_optimisers_are_the_installed_transformers_names():
         ({"sft": {"lr_scheduler_type": "warmup_stable_decay", "decay_fraction": 0}},
          r"sft\.decay_fraction: Input should be greater than 0"),
         ({"sft": {"lr_scheduler_type": "warmup_stable_decay", "decay_type": "exp"}}, r"sft\.decay_type: Input should"),
-        ({"sft": {"decay_fraction": 0.5}}, r"sft\.decay_fraction \(0\.5\) applies to sft\.lr_scheduler_type "
-                                           r"warmup_stable_decay"),
+        ({"sft": {"decay_fraction": 0.5}}, r"sft\.decay_fraction \(0\.5\) applies to sft\.lr_scheduler_type warm"),
         ({"sft": {"lr_scheduler_type": "warmup_stable_decay", "max_steps": -1}},
          r"sft\.lr_scheduler_type warmup_stable_decay places its decay by the step budget: set sft\.max_steps"),
         ({"train": {"lr_scheduler_type": "polynomial"}}, r"train\.lr_scheduler_type: Input should be 'linear'"),
