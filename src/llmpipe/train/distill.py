@@ -72,26 +72,32 @@ class DistillSFTTrainer(SFTTrainer):
 
     def __init__(self, *args, teacher, distill: DistillParams, sft_loss: TokenWeightedLoss, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.teacher = self.accelerator.prepare_model(teacher, evaluation_mode=True)  # as GKDTrainer does
+        # Not `accelerator.prepare_model` (GKDTrainer's way): a prepared teacher makes Accelerate skip preparing the
+        # student for an evaluation before training, which then runs without the teacher's autocast. The teacher
+        # runs under `accelerator.autocast()` instead, the precision of the prepared student.
+        self.teacher = teacher.to(self.args.device)
         self.distill, self.sft_loss = distill, sft_loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if self.model.training else "eval"
         model_inputs = {k: v for k, v in inputs.items() if k != "labels"} | {"use_cache": False}
         outputs = model(**model_inputs)
-        with torch.no_grad():
+        with torch.no_grad(), self.accelerator.autocast():
             teacher_logits = self.teacher(**model_inputs).logits  # (B, T, V)
         labels = inputs["labels"]  # (B, T), unshifted
         d = self.distill
         sft = self.sft_loss(outputs, labels, num_items_in_batch)
-        kd = GKDTrainer.generalized_jsd_loss(outputs.logits[:, :-1], teacher_logits[:, :-1], labels=labels[:, 1:],
-                                             beta=d.beta, temperature=d.temperature,
+        # in fp32: under bf16 autocast the teacher's logits are bf16, and log-softmax in bf16 normalises too coarsely
+        # for a divergence (identical models gave -1e-3)
+        kd = GKDTrainer.generalized_jsd_loss(outputs.logits[:, :-1].float(), teacher_logits[:, :-1].float(),
+                                             labels=labels[:, 1:], beta=d.beta, temperature=d.temperature,
                                              num_items_in_batch=num_items_in_batch)  # fmt: skip
         loss = (1 - d.alpha) * sft + d.alpha * d.temperature**2 * kd
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes  # as SFTTrainer: DDP averages what the count summed
         # logged per batch as means over its own label tokens, whatever the accumulation
-        scale = 1.0 if num_items_in_batch is None else float(num_items_in_batch) / max(1, int((labels[:, 1:] != -100).sum()))
+        count = max(1, int((labels[:, 1:] != -100).sum()))
+        scale = 1.0 if num_items_in_batch is None else float(num_items_in_batch) / count
         for key, value in (("sft_loss", sft), ("distill_loss", kd)):
             self._metrics[mode][key].append(self.accelerator.gather_for_metrics(value.detach() * scale).mean().item())
         return (loss, outputs) if return_outputs else loss
