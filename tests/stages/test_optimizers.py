@@ -202,3 +202,36 @@ def test_muon_resumes_exactly_from_a_checkpoint(tmp_path):
     assert losses(resumed) == pytest.approx(losses(whole), abs=1e-6)
     for a, b in zip(resumed.model.parameters(), whole.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_muon_state_survives_accelerate_save_and_load_state(tmp_path):
+    """PPO's checkpoints (`accelerator.save_state` / `load_state`) carry Muon's momentum and the schedule."""
+    from accelerate import Accelerator
+    from transformers import get_scheduler
+
+    t = parse_params({"train": {"optim": "muon"}}).ppo
+    ids = torch.randint(0, VOCAB, (2, LENGTH), generator=torch.Generator().manual_seed(0))
+
+    def built():
+        acc = Accelerator(cpu=True)
+        model = _llama()
+        opt = muon_with_adamw(t, [model])
+        return (acc, *acc.prepare(model, opt, get_scheduler("cosine", opt, 1, 10)))
+
+    def step(model, opt, sched):
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+
+    acc, model, opt, sched = built()
+    for _ in range(2):
+        step(model, opt, sched)
+    acc.save_state(str(tmp_path / "ckpt"))
+    step(model, opt, sched)
+    acc2, model2, opt2, sched2 = built()
+    acc2.load_state(str(tmp_path / "ckpt"))
+    step(model2, opt2, sched2)
+    for a, b in zip(model.parameters(), model2.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    assert opt2.optimizer.param_groups[-1] is opt2.optimizer.muon.param_groups[0]

@@ -22,7 +22,6 @@ from llmpipe.models import build_model, count_parameters, load_tokenizer
 from llmpipe.train.arguments import training_kwargs
 from llmpipe.train.checkpoints import ResumeRequest, open_run
 from llmpipe.train.loop import tensorboard_callback, train_stage
-from llmpipe.train.losses import token_loss
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +83,8 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     if not params.data.streaming:
         train = token_blocks(tokens / "train", tokenizer_dir, cfg.max_length, cfg.num_samples)
     valid = token_blocks(tokens / "validation", tokenizer_dir, cfg.max_length, cfg.max_eval_samples)
+    from llmpipe.train.losses import token_loss  # torch: imported when the stage runs, not with the module
+
     loss = None if cfg.loss.is_default else token_loss(cfg.loss, tokenizer, "pretrain.loss")  # before any work
     run = open_run(params, "pretrain", inputs(params), resume)
     model = build_model(params.model, tokenizer)

@@ -18,7 +18,6 @@ from llmpipe.stages.base import TrainerStage
 from llmpipe.train.arguments import training_kwargs
 from llmpipe.train.checkpoints import ResumeRequest
 from llmpipe.train.guards import MaskedBatchGuard, check_no_signal, count_fully_truncated
-from llmpipe.train.losses import token_loss
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +70,8 @@ class SFT(TrainerStage):
 
     def make_trainer(self, model, args, train, valid, callbacks: list):
         from trl import SFTTrainer
+
+        from llmpipe.train.losses import token_loss  # torch: imported when the stage runs, not with the module
 
         loss = token_loss(self.cfg.loss, self.tokenizer, "sft.loss")
         kwargs = {"model": model, "args": args, "train_dataset": train, "eval_dataset": valid,
