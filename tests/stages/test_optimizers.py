@@ -163,6 +163,13 @@ def test_muon_steps_the_hidden_weight_matrices_only():
     assert names == {f"transformer.h.{i}.{m}.weight" for i in range(2)
                      for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}, "GPT-2's Conv1D matrices"  # fmt: skip
 
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(_llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]))
+    trainable = {n for n, p in lora.named_parameters() if p.requires_grad}
+    muon = _names(lora, [p for p in lora.parameters() if id(p) in hidden_weights(lora)]) & trainable
+    assert muon == {n for n in trainable if ".lora_" in n}, "under peft: the adapter matrices, not a saved head"
+
     # one step with AdamW's rate at 0 moves the hidden weights only
     opt = muon_with_adamw(parse_params({"train": {"optim": "muon", "weight_decay": 0.0}}).ppo, [policy])
     for g in opt.adamw.param_groups:

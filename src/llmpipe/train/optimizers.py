@@ -74,8 +74,10 @@ def schedule_kwargs(t: TrainParams, num_training_steps: int) -> dict[str, Any]:
 def hidden_weights(model) -> set[int]:
     """The ids of `model`'s 2-D hidden weights: matrices inside its transformer body (``model.base_model``) that
     are not embeddings. The LM head, a classification or value head (outside the body) and the embeddings stay
-    with AdamW, as in the Muon write-up (Jordan et al. 2024) and nanochat."""
-    body = model.base_model
+    with AdamW, as in the Muon write-up (Jordan et al. 2024) and nanochat. Under peft, the trainable adapter
+    matrices inside the body are hidden weights; a `modules_to_save` head is not."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model: the model it wraps
+    body = inner.base_model
     embeddings = {id(m.weight) for m in body.modules() if isinstance(m, torch.nn.Embedding)}
     return {id(p) for p in body.parameters() if p.ndim == 2 and id(p) not in embeddings}
 
