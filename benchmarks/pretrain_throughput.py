@@ -153,7 +153,8 @@ def run_mode(mode: str, params_path: Path, rounds: int, block_steps: int, tokeni
     from llmpipe.models import build_model
     from llmpipe.stages.pretrain import make_trainer
     from llmpipe.train.checkpoints import Run
-    from llmpipe.train.loop import tensorboard_callback, train_stage
+    from llmpipe.train.hooks import trainer_hooks
+    from llmpipe.train.loop import train_stage
 
     fp32, compiled = mode.endswith("fp32"), mode.startswith("compile")
     num_blocks = rounds + 1  # the first is warm-up
@@ -177,8 +178,8 @@ def run_mode(mode: str, params_path: Path, rounds: int, block_steps: int, tokeni
     raw = RawLoop(params, build_model(params.model, tokenizer), train, bf16=not fp32, total_steps=window + 1)
     timer = alternate_callback(raw, block_steps, num_blocks)
     run_dir = out / "checkpoints"
-    tensorboard = tensorboard_callback(out / "tensorboard")
-    trainer = make_trainer(params, build_model(params.model, tokenizer), train, valid, run_dir, [tensorboard, timer])
+    hooks = trainer_hooks(params, "pretrain", run_dir, tokenizer)  # progress and TensorBoard, as the stage has
+    trainer = make_trainer(params, build_model(params.model, tokenizer), train, valid, run_dir, [hooks, timer])
     assert trainer.args.bf16 == (not fp32) and trainer.args.torch_compile == compiled
     train_stage(trainer, params, "pretrain", Run(path=run_dir, resume=None), tokenizer)
     assert len(timer.trainer_s) == num_blocks, "the trainer stopped early"

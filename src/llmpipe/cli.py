@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,9 +26,10 @@ def _parser() -> argparse.ArgumentParser:
     tasks = "\n".join(f"  {name:<10} {desc}" for name, desc in ((n, s.description) for n, s in stages.REGISTRY.items()))
     p = argparse.ArgumentParser(
         prog="llm-train",
-        description="Run one llmpipe stage.",
+        description="Run one llmpipe stage (--task NAME), or one of the commands listed below.",
         epilog=f"registered tasks:\n{tasks}\n  lm         alias of pretrain\n"
-        "  stream_lm  alias of pretrain that requires data.streaming: true",
+        "  stream_lm  alias of pretrain that requires data.streaming: true\n\n"
+        "commands: llm-train {chat,generate,inspect,plot-lr,intermediate-size} …  (llm-train COMMAND --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", help="stage to run (see below)")
@@ -92,6 +94,16 @@ def overrides_from_args(args: argparse.Namespace, task: str) -> dict[str, Any]:
     return out
 
 
+def quiet_library_bars() -> None:
+    """Turn off the progress bars of `datasets` (map, filter) and huggingface_hub (downloads; transformers' model
+    shards) when stdout is not a terminal (CI, DVC, Prefect logs): they redraw with carriage returns, which a log
+    keeps as noise; `llmpipe.train.progress` prints plain lines there instead. Through the libraries' environment
+    switches, set only where unset, so it costs no import and holds for the libraries a stage imports later."""
+    if not sys.stdout.isatty():
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def metrics_path(params: Any, task: str, model: str | None) -> Path:
     """Where the CLI writes a stage's metrics: metrics/<task>.json, metrics/eval/<model>.json for evaluate."""
     if task == "evaluate":
@@ -102,6 +114,10 @@ def metrics_path(params: Any, task: str, model: str | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, validate params, run the stage, write its metrics. Returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv and not argv[0].startswith("-"):  # llm-train chat|generate|inspect|…: the hand tools, which a stage
+        from llmpipe import commands  # run never imports (so dvc.yaml's code deps leave them out)
+
+        return commands.main(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     if args.list_presets:
@@ -112,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.task:
         parser.error("the following arguments are required: --task")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    quiet_library_bars()
     try:
         return _run(args, argv)
     except UserError as err:

@@ -264,8 +264,7 @@ def test_non_finite_gradient_is_refused_before_the_optimizer_applies_it(in_root,
 def test_ppo_stops_at_a_nan_loss_before_its_update_and_its_checkpoint(in_root, tmp_path):
     """Two good PPO steps (checkpointed), then the value model's head turns NaN: step 3 must stop before any
     backward pass, leave the policy as it was and write no checkpoint-3."""
-    from torch.utils.tensorboard import SummaryWriter
-
+    from llmpipe.callbacks import Callback, RunInfo
     from llmpipe.rl.ppo import loop
     from llmpipe.rl.ppo.build import build
     from llmpipe.rl.prompts import load_prompts
@@ -279,16 +278,15 @@ def test_ppo_stops_at_a_nan_loss_before_its_update_and_its_checkpoint(in_root, t
     run_dir = tmp_path / "run"
     run, _ = build(params, tok, train, valid, None, run_dir)
     state = {"step": 0, "history": [], "log_history": []}
-    board = SummaryWriter(log_dir=str(tmp_path / "tb"))
-    loop.train(run, state, 2, run_dir, board, None)
+    quiet, info = Callback(), RunInfo("ppo", run.policy, tok, 3, 0, tmp_path / "logs", "test")  # no-op callbacks
+    loop.train(run, state, 2, run_dir, quiet, info, None)
 
     with torch.no_grad():
         run.value_model.score.weight.fill_(math.nan)
     policy = {k: v.clone() for k, v in run.policy.state_dict().items()}
     with pytest.raises(UserError, match=rf"ppo: loss nan, policy_loss nan, value_loss nan at step 3; .*newest kept: "
                                         rf"{run_dir / 'checkpoint-2'}\)"):
-        loop.train(run, state, 3, run_dir, board, None)
-    board.close()
+        loop.train(run, state, 3, run_dir, quiet, info, None)
     assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     assert all(torch.equal(v, policy[k]) for k, v in run.policy.state_dict().items()), "the NaN step was applied"
 

@@ -33,6 +33,7 @@ RESUME = {
     # RL stages: a step is a generation round (GRPO) or a rollout plus its PPO epochs, so fewer of them.
     "grpo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1},
     "ppo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1},
+    "vlm": {"max_steps": 9, "save_steps": 4, "eval_steps": 9, "logging_steps": 1},
 }
 
 

@@ -184,6 +184,24 @@ def copy(src: str, dest: str) -> Callable[[Path], None]:
     return setup
 
 
+def vlm_records(**splits: list[tuple[str, list[str]]]) -> Callable[[Path], None]:
+    """A `data.local.vlm` folder ``in/vlm``: the given rows (user text, image names) per split, valid rows
+    in the splits not given, and a real ``a.png``; names other than ``a.png`` are left for the row to create."""
+    from PIL import Image
+
+    def setup(root: Path) -> None:
+        folder = root / "in" / "vlm"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8), (255, 0, 0)).save(folder / "a.png")
+        for split in ("train", "validation"):
+            rows = splits.get(split, [("<image>What colour?", ["a.png"])])
+            (folder / f"{split}.jsonl").write_text(jsonl(
+                [{"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": "red"}],
+                  "images": images} for text, images in rows]))
+
+    return setup
+
+
 def chain(*setups: Callable[[Path], None]) -> Callable[[Path], None]:
     def setup(root: Path) -> None:
         for step in setups:

@@ -38,6 +38,7 @@ from bad_input_helpers import (
     remove,
     run_cli,
     snapshot,
+    vlm_records,
     write,
 )
 from conftest import ROOT
@@ -90,7 +91,7 @@ CASES: dict[str, Bad] = {
         "ppo", ("ppo.generation.max_new_tokens (200)", "ppo.max_length (128)"),
         {"ppo": {"generation": {"max_new_tokens": 200}}}, multiline=True),
     "params: unknown reward name": Bad(
-        "grpo", ("grpo.rewards.0.name", "'parsable_prefix'", "'is_good'"),
+        "grpo", ("grpo.rewards.0.name", "parsable_prefix", "'is_good'", "'module.path:function'"),
         {"grpo": {"rewards": [{"name": "is_good", "weight": 1.0}]}}, multiline=True),
     "params: dpo loss weights do not match loss types": Bad(
         "dpo", ("dpo.loss_weights has 1 entries but dpo.loss_type has 2",),
@@ -208,6 +209,20 @@ CASES: dict[str, Bad] = {
     "data: dedup index that is not one": Bad(
         "prepare", ("in/seen.bin: not a dedup index",), {"data": {"dedup": {"seen_hashes_path": "in/seen.bin"}}},
         setup=write("in/seen.bin", "hashes, I promise\n")),
+    # --- image records (vlm) ---
+    "data: vlm image missing": Bad(
+        "prepare", ("in/vlm/train.jsonl: row 2: image in/vlm/nowhere.png does not exist", "fix the path"),
+        local(vlm="in/vlm"), setup=vlm_records(train=[("<image>What colour?", ["a.png"]), ("<image>Why?", ["nowhere.png"])])),
+    "data: vlm image unreadable": Bad(
+        "prepare", ("in/vlm/validation.jsonl: row 1: image in/vlm/bad.png cannot be read as an image",),
+        local(vlm="in/vlm"), setup=chain(vlm_records(validation=[("<image>What?", ["bad.png"])]),
+                                         write("in/vlm/bad.png", "not a picture"))),
+    "data: vlm placeholders differ from the images": Bad(
+        "prepare", ("in/vlm/train.jsonl: row 1: 2 image placeholder(s)", "but 1 image(s)", "one image per placeholder"),
+        local(vlm="in/vlm"), setup=vlm_records(train=[("<image><image>Compare", ["a.png"])])),
+    "data: vlm image tokens cut by max_length": Bad(
+        "vlm", ("data/vlm/train.jsonl: row 1: its image tokens end at token", "past vlm.max_length (12)",
+                "raise vlm.max_length"), {"vlm": {"max_length": 12}}),
     "data: prepared split missing for a training stage": Bad(
         "sft", ("data/sft/train.jsonl: missing", "dvc repro prepare"), setup=remove("data/sft")),
     # --- model and tokenizer folders ---

@@ -37,6 +37,9 @@ class LocalSourceParams(Section):
     pretrain: str | None = Field(None, description="Text documents: .txt files, or records with a `text` column.")
     sft: str | None = Field(None, description="SFT records in one of the shapes of `sft_format`.")
     preference: str | None = Field(None, description="Preference records in one of the shapes of `preference_format`.")
+    vlm: str | None = Field(None, description="Image question/answer records for `vlm`: a folder with train.jsonl "
+                            "and validation.jsonl (test.jsonl optional), `messages` + `images` (llmpipe.data.image_records); "
+                            "null = the synthetic shapes of data.images.")
     sft_format: SFTFormat = Field("auto", description="Shape of the `sft` records; auto = from the columns.")
     preference_format: PreferenceFormat = Field(
         "auto", description="Shape of the `preference` records; auto = from the columns."
@@ -171,6 +174,18 @@ class DedupParams(Section):
         return self
 
 
+class ImagesParams(Section):
+    """The synthetic image set `prepare` draws for the `vlm` stage when `data.local.vlm` is null: shapes of
+    several colours, sizes and counts on plain or noisy backgrounds, each with a question about colour, shape or
+    count (`llmpipe.data.images`)."""
+
+    num_train: int = Field(2000, gt=0, description="Training images (one question each).")
+    num_validation: int = Field(100, gt=0, description="Validation images.")
+    num_test: int = Field(300, gt=0, description="Held-out test images (the vlm stage's accuracy).")
+    image_size: int = Field(32, ge=16, description="Side of the drawn images in pixels.")
+    seed: int = Field(0, description="Seed of the drawing; same seed → same images.")
+
+
 class DataParams(Section):
     """The `prepare` stage: which corpus, and how it is split into train/validation/test (by document)."""
 
@@ -193,6 +208,7 @@ class DataParams(Section):
     hf: HFSourceParams = HFSourceParams()
     hf_sft: HFSFTParams = HFSFTParams()
     hf_preference: HFPreferenceParams = HFPreferenceParams()
+    images: ImagesParams = ImagesParams()
     mixture: list[MixtureSourceParams] = Field([], description="Sources interleaved by weight (source: mixture).")
     validation_source: HFSourceParams | None = Field(
         None,

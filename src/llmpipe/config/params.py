@@ -9,7 +9,7 @@ from llmpipe.config.distributed import DistributedParams
 from llmpipe.config.optim import check_optim_keys
 from llmpipe.config.paths import PathsParams
 from llmpipe.config.rl import GRPOParams, PPOParams
-from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams
+from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams, ReportParams
 from llmpipe.config.section import Section
 from llmpipe.config.training import (
     DPOParams,
@@ -19,6 +19,7 @@ from llmpipe.config.training import (
     SFTParams,
     TrainParams,
 )
+from llmpipe.config.vlm import VLMParams
 
 
 class Params(Section):
@@ -35,10 +36,12 @@ class Params(Section):
     dpo: DPOParams = DPOParams()
     ppo: PPOParams = PPOParams()
     grpo: GRPOParams = GRPOParams()
+    vlm: VLMParams = VLMParams()
     distributed: DistributedParams = DistributedParams()
     profile: ProfileParams = ProfileParams()
     regression: RegressionParams = RegressionParams()
     eval: EvalParams = EvalParams()
+    report: ReportParams = ReportParams()
     orchestration: OrchestrationParams = OrchestrationParams()
     _origin: dict[str, dict[str, str]] = PrivateAttr(default_factory=dict)
     """Per training stage, the section each merged key was written in (``train`` or the stage's own), set by

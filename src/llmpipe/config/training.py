@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from llmpipe.callbacks import resolve
 from llmpipe.config.optim import NOT_OFFERED, DecayType, DistillParams, LossParams, OptimName, SchedulerName
 from llmpipe.config.section import Section
 
@@ -93,6 +94,28 @@ class TrainParams(Section):
     max_eval_samples: MaxEvalSamples = 128
     num_samples: int | None = Field(None, gt=0, description="Train on at most this many examples (None = all).")
     dataloader_num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+    callbacks: list[str] = Field(
+        [], description="Import paths 'package.module:Class' of llmpipe.callbacks.Callback subclasses to call."
+    )
+    eval_prompts: list[str] | None = Field(
+        None,
+        description="Prompts answered at every evaluation (console, TensorBoard, logs/<stage>/samples.jsonl): a "
+        "user turn (a text prefix for pretrain); null = num_eval_prompts drawn from the held-out data.",
+    )
+    num_eval_prompts: int = Field(2, ge=0, description="Held-out prompts drawn when eval_prompts is null; 0 = none.")
+    eval_max_new_tokens: int = Field(
+        32, gt=0, description="Greedy tokens per sample (ppo, grpo: their generation block's settings instead)."
+    )
+    histogram_steps: int = Field(
+        0, ge=0, description="Optimizer steps between TensorBoard histograms of weights and gradients; 0 = off."
+    )
+
+    @field_validator("callbacks")
+    @classmethod
+    def _callbacks_import(cls, value: list[str]) -> list[str]:
+        for spec in value:  # imported now, so a wrong path stops the stage before any work
+            resolve(spec)
+        return value
 
     @field_validator("optim", mode="before")
     @classmethod

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from llmpipe.config.rl import GRPOParams, PPOParams
 from llmpipe.config.section import Section
 from llmpipe.config.training import DPOParams, PretrainParams, RewardParams, SFTParams
+from llmpipe.config.vlm import VLMParams
 
 Kind = Literal["data", "training", "evaluation", "report", "hand"]
 
@@ -88,10 +89,13 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
     _training("grpo", GRPOParams, "Group relative policy optimisation (TRL GRPOTrainer) of the SFT model against "
               "verifiable rewards.", "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/${grpo.policy}",
               best_metric=("eval_reward", True), kl_unit="nats per token"),
+    _training("vlm", VLMParams, "LLaVA vision-language model on the SFT model (TRL SFTTrainer) from image "
+              "questions; held-out accuracy by question type.", "${paths.data}/vlm", "${paths.tokenizer}",
+              "${paths.models}/sft", one_process="not yet tried under several processes"),
     Stage("evaluate", "evaluation", "lm-evaluation-harness on one model (--model NAME).",
           inputs=("${paths.data}/eval", "${paths.models}/${item.model}")),
-    Stage("report", "report", "reports/report.md: every model × metric, task descriptions, stage wall times.",
-          loads_models=False),
+    Stage("report", "report", "The report card reports/report.{md,html}: checks, costs, results across stages, "
+          "figures, per-stage statistics, provenance; metrics/headline.json.", loads_models=False),
     Stage("regression", "hand", "Hardware smoke test: an MLP on y = Xw + noise with plain Accelerate; ranks must "
           "agree (hand run).", loads_models=False),
 )}

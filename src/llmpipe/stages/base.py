@@ -8,7 +8,8 @@ in one order (:meth:`~TrainerStage.run`):
 2. (``data_first`` stages) load and check the datasets;
 3. load the input model (its missing folder names the stage to run), refuse one trained with another tokenizer;
 4. open the run (`llmpipe.train.checkpoints.open_run`: the checkpoint folder, hashing the registry's inputs);
-5. load and check the datasets; build the trainer with a TensorBoard callback; check the prepared data;
+5. load and check the datasets; build the trainer with the stage's callbacks (`llmpipe.train.hooks`: progress,
+   TensorBoard, samples of :meth:`~TrainerStage.samples`, the users'); check the prepared data;
 6. train, save and evaluate (`llmpipe.train.loop.train_stage`); add the stage's extra metrics.
 
 The input model loads before the run opens because hashing a missing folder would give a generic error, where
@@ -26,7 +27,7 @@ from llmpipe.config import Params
 from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
 from llmpipe.stages import REGISTRY, input_paths
 from llmpipe.train.checkpoints import ResumeRequest, open_run
-from llmpipe.train.loop import tensorboard_callback, train_stage
+from llmpipe.train.loop import train_stage
 
 
 def model_input(name: str, params: Params) -> Path:
@@ -98,6 +99,18 @@ class TrainerStage(ABC):
         """Metrics beyond :func:`~llmpipe.train.loop.train_stage`'s, after training (`metrics`: those so far)."""
         return {}
 
+    def samples(self):
+        """The prompts answered at each evaluation and how (`llmpipe.train.hooks.StageSamples`), or None for none:
+        by default ``eval_prompts`` or held-out prompts of :attr:`data`, chat-rendered, greedy."""
+        from llmpipe.train.samples import generation_config, model_generate, stage_prompts
+
+        config = generation_config(self.tokenizer, self.cfg.eval_max_new_tokens)
+        prompts = stage_prompts(self.cfg, self.tokenizer, self.data / "validation.jsonl")
+        return prompts, model_generate(self.tokenizer, config)
+    def saved_with(self):
+        """What is saved beside the model in ``models/<name>`` (the tokenizer; a processor for a model of images)."""
+        return self.tokenizer
+
     def load_model(self):
         """The model to train, from :attr:`base` (raises UserError naming the stage to run when it is missing)."""
         return load_model(self.base, self.missing_base, trust_remote_code=self.trust_remote_code)
@@ -127,6 +140,8 @@ class TrainerStage(ABC):
             UserError: A missing or refused input, an input model trained with another tokenizer, or a refusal of
                 the stage's checks.
         """
+        from llmpipe.train.hooks import trainer_hooks  # imports transformers: not at stage-module import
+
         params = self.params
         self.tokenizer = load_tokenizer(params.paths.tokenizer, self.trust_remote_code)
         early = self._datasets() if self.data_first else None
@@ -134,10 +149,10 @@ class TrainerStage(ABC):
         check_same_tokenizer(self.base, self.tokenizer, params.paths.tokenizer)
         run = open_run(params, self.name, self.inputs(), resume)
         train, valid, counts = early or self._datasets()
-        callbacks = [tensorboard_callback(params.paths.out(params.paths.logs, self.name, "tensorboard"))]
+        callbacks = [trainer_hooks(params, self.name, run.path, self.tokenizer, self.samples())]
         trainer = self.make_trainer(model, self.config(run.path), train, valid, callbacks)
         counts |= self.check_trainer(trainer, len(train), len(valid))
-        metrics = train_stage(trainer, params, self.name, run, self.tokenizer)
+        metrics = train_stage(trainer, params, self.name, run, self.saved_with())
         metrics.update(counts)
         metrics.update(self.extra_metrics(trainer, metrics))
         return metrics

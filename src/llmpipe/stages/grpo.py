@@ -137,6 +137,20 @@ class GRPO(TrainerStage):
         valid = prompt_dataset(self.data / "validation.jsonl", self.tokenizer, cfg.max_length, cfg.max_eval_samples)
         return train, valid
 
+    def samples(self):
+        """The default prompts, sampled with ``grpo.generation`` and scored by ``grpo.rewards``."""
+        from llmpipe.rl.rewards import compute_rewards
+        from llmpipe.train.samples import generation_config, model_generate, stage_prompts
+
+        cfg = self.cfg
+
+        def reward(prompts, completions: list[str]) -> list[float]:
+            return compute_rewards(cfg.rewards, prompts.texts, completions, prompts.names).tolist()
+
+        config = generation_config(self.tokenizer, cfg.eval_max_new_tokens, cfg.generation)
+        prompts = stage_prompts(cfg, self.tokenizer, self.data / "validation.jsonl")
+        return prompts, model_generate(self.tokenizer, config, reward)
+
     def make_trainer(self, model, args, train, valid, callbacks: list):
         from trl import GRPOTrainer
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from llmpipe.callbacks import RunInfo
 from llmpipe.config import Params
 from llmpipe.core.errors import UserError
 from llmpipe.data.tokens import token_blocks
@@ -22,6 +23,7 @@ from llmpipe.train.callbacks import write_ledger
 from llmpipe.train.checkpoints import ResumeRequest, open_run
 from llmpipe.train.loop import write_plots
 from llmpipe.train.profiling import StepProfiler
+from llmpipe.train.tensorboard import run_name
 from llmpipe.train.throughput import reset_peak_memory
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,24 @@ def inputs(params: Params) -> list[Path]:
     found = [Path(paths.data, "sft"), Path(paths.tokenizer), Path(paths.models, params.ppo.policy),
              Path(paths.models, "reward")]  # fmt: skip
     return [*found, Path(paths.data, "tokens", "train")] if params.ppo.ptx_coef > 0 else found
+
+
+def samples(ppo, cfg, tokenizer):
+    """PPO's samples (`llmpipe.train.hooks.StageSamples`): ``ppo.eval_prompts`` or the first ``num_eval_prompts``
+    validation prompts, sampled and scored (reward model and functions) as a rollout is."""
+    from llmpipe.train.samples import SamplePrompts, user_prompts
+
+    if cfg.eval_prompts is not None:
+        prompts = user_prompts(tokenizer, cfg.eval_prompts)
+    else:
+        n = cfg.num_eval_prompts
+        prompts = SamplePrompts(ppo.valid.texts[:n], ppo.valid.ids[:n], ppo.valid.names[:n])
+
+    def generate(model, prompts: SamplePrompts) -> tuple[list[str], list[float]]:
+        batch = ppo.generate(prompts.ids)
+        return batch.completions, ppo.score(batch, prompts.texts, prompts.names).tolist()
+
+    return prompts, generate
 
 
 def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
@@ -53,7 +73,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
             compiled setup (not supported by this stage yet; a multi-process one is refused before launch,
             its registry entry's ``one_process``).
     """
-    from torch.utils.tensorboard import SummaryWriter
+    from llmpipe.train.hooks import stage_callbacks  # imports transformers: not at stage-module import
 
     cfg, paths = params.ppo, params.paths
     if params.distributed.torch_compile:
@@ -75,15 +95,17 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     resumed_step = state["step"]
     log.info("ppo: %d steps of %d prompts, %.2f M policy parameters", total_steps, ppo.rollout_batch_size,
              count_parameters(ppo.policy) / 1e6)  # fmt: skip
-    tensorboard = SummaryWriter(log_dir=str(paths.out(paths.logs, "ppo", "tensorboard")))
+    callbacks = stage_callbacks(params, "ppo", samples(ppo, cfg, tokenizer))
+    info = RunInfo(stage="ppo", model=ppo.accelerator.unwrap_model(ppo.policy), tokenizer=tokenizer,
+                   max_steps=total_steps, start_step=resumed_step, log_dir=paths.out(paths.logs, "ppo"),
+                   run_name=run_name(run.path), params=cfg.model_dump(), is_main=ppo.accelerator.is_main_process)  # fmt: skip
     reset_peak_memory(ppo.accelerator.device)
     profiler = StepProfiler(params.profile, paths.out(paths.logs, "ppo", "profile")) if params.profile.enabled else None
     if profiler is not None:
         profiler.start()
-    loop.train(ppo, state, total_steps, run.path, tensorboard, profiler)
+    loop.train(ppo, state, total_steps, run.path, callbacks, info, profiler)
     if profiler is not None:
         profiler.stop()
-    tensorboard.close()
 
     save_model(ppo.accelerator.unwrap_model(ppo.policy), tokenizer, paths.out(paths.models, "ppo"))
     write_plots(state["log_history"], paths.out(paths.logs, "ppo"))

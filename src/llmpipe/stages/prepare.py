@@ -1,6 +1,6 @@
 """`prepare`: build the pretraining, SFT, preference and evaluation datasets under ``paths.data``.
 
-Writes ``<paths.data>/{pretrain,sft,preference}/{train,validation,test}.jsonl``,
+Writes ``<paths.data>/{pretrain,sft,preference,vlm}/{train,validation,test}.jsonl`` (vlm: with its images),
 ``<paths.data>/pretrain/manifest.json`` (provenance) and ``<paths.data>/eval/{perplexity,signature_mc,sft,
 preference}.jsonl``. Everything is built in memory first, then each folder is written into a temporary
 sibling that replaces it in one rename, so a failed or killed run leaves the previous data as it was.
@@ -63,12 +63,29 @@ def run(params: Params) -> dict[str, float]:
     _check_nonempty(corpus, data_key(params.data))
     corpus, counts = deduplicate(corpus, dedup, params.data.dedup)
     evals = eval_sets(corpus, params.data)
+    images = write_images(root / "vlm", params.data)  # first: a refused image record leaves the text as it was
     write(root, corpus, evals, manifest(corpus, evals, params.data, counts))
     if dedup is not None and params.data.dedup.seen_hashes_path is not None and not params.data.streaming:
         # After the outputs: a failed run consumes nothing. A stream's sample is not consumed: pretrain records
         # what the stream admits.
         dedup.save(params.data.dedup.seen_hashes_path)
-    return metrics(corpus, evals, params.data, counts)
+    return metrics(corpus, evals, params.data, counts) | images
+
+
+def write_images(folder: Path, data: DataParams) -> dict[str, int]:
+    """``<paths.data>/vlm``: the user's image records (`data.local.vlm`, checked and copied) or the synthetic
+    shapes (`data.images`); written atomically. Returns ``num_vlm_<split>``."""
+    if data.local.vlm is not None:
+        from llmpipe.data.image_records import import_records
+
+        if Path(data.local.vlm).resolve().is_relative_to(folder.resolve()):
+            raise UserError(f"data.local.vlm: {data.local.vlm} is inside {folder}, which prepare rewrites; move it "
+                            "elsewhere")  # fmt: skip
+        return import_records(Path(data.local.vlm), folder)
+    from llmpipe.data.images import write_image_set
+
+    with atomic_dir(folder) as tmp:
+        return write_image_set(tmp, data.images)
 
 
 def build_corpus(data: DataParams) -> Corpus:

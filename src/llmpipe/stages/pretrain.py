@@ -21,7 +21,7 @@ from llmpipe.data.tokens import PackedBlocks, token_blocks
 from llmpipe.models import build_model, count_parameters, load_tokenizer
 from llmpipe.train.arguments import training_kwargs
 from llmpipe.train.checkpoints import ResumeRequest, open_run
-from llmpipe.train.loop import tensorboard_callback, train_stage
+from llmpipe.train.loop import train_stage
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,20 @@ def make_trainer(params: Params, model, train: PackedBlocks, valid: PackedBlocks
     )
 
 
+def samples(params: Params, tokenizer, valid: PackedBlocks):
+    """The pretraining samples (`llmpipe.train.hooks.StageSamples`): ``pretrain.eval_prompts`` as text prefixes, or
+    the first `llmpipe.train.samples.PREFIX_TOKENS` tokens of ``num_eval_prompts`` validation blocks; greedy."""
+    from llmpipe.train.samples import PREFIX_TOKENS, SamplePrompts, generation_config, model_generate
+
+    cfg = params.pretrain
+    if cfg.eval_prompts is not None:
+        ids = [tokenizer(p)["input_ids"] for p in cfg.eval_prompts]
+    else:
+        ids = [b[:PREFIX_TOKENS].tolist() for b in valid.batch(range(min(cfg.num_eval_prompts, len(valid))))]
+    prompts = SamplePrompts(tokenizer.batch_decode(ids, skip_special_tokens=True), ids, [""] * len(ids))
+    return prompts, model_generate(tokenizer, generation_config(tokenizer, cfg.eval_max_new_tokens))
+
+
 def inputs(params: Params) -> list[Path]:
     """What the run reads (its checkpoint fingerprint hashes them, with the model shape): the train token folder
     (unless the training text is streamed), the validation token folder, the tokenizer."""
@@ -70,6 +84,8 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
         UserError: ``pretrain.max_length`` exceeds the model's context, or a token folder is missing, holds less
             than one block, or was made with another tokenizer than ``paths.tokenizer`` (`data.tokens.read_tokens`).
     """
+    from llmpipe.train.hooks import trainer_hooks  # imports transformers: not at stage-module import
+
     cfg = params.pretrain
     tokenizer_dir = Path(params.paths.tokenizer)
     tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code)
@@ -89,17 +105,17 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     run = open_run(params, "pretrain", inputs(params), resume)
     model = build_model(params.model, tokenizer)
     log.info("pretrain: %.2f M parameters", count_parameters(model) / 1e6)
-    tensorboard = tensorboard_callback(params.paths.out(params.paths.logs, "pretrain", "tensorboard"))
+    hooks = trainer_hooks(params, "pretrain", run.path, tokenizer, samples(params, tokenizer, valid))
     if train is not None:
         log.info("pretrain: %d train blocks, %d validation blocks of %d tokens", len(train), len(valid), cfg.max_length)
-        trainer = make_trainer(params, model, train, valid, run.path, [tensorboard])
+        trainer = make_trainer(params, model, train, valid, run.path, [hooks])
         trainer.compute_loss_func = loss
         return train_stage(trainer, params, "pretrain", run, tokenizer)
     from llmpipe.train import stream as stream_trainer
 
     with tempfile.TemporaryDirectory(prefix="llmpipe-stream-") as scratch:
         stream = stream_trainer.open_stream(params, tokenizer, run, scratch)
-        trainer = stream_trainer.make_trainer(params, model, stream, valid, run.path, [tensorboard])
+        trainer = stream_trainer.make_trainer(params, model, stream, valid, run.path, [hooks])
         trainer.compute_loss_func = loss
         metrics = train_stage(trainer, params, "pretrain", run, tokenizer)
         stream_trainer.save_seen(params, stream)

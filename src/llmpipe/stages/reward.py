@@ -117,6 +117,9 @@ class Reward(TrainerStage):
         set_seed(self.cfg.seed)  # the score head is initialised at load
         return load_model(self.base, self.missing_base, num_labels=1, trust_remote_code=self.trust_remote_code)
 
+    def samples(self):
+        """None: a reward model scores, it does not generate."""
+
     def datasets(self):
         train = load_split(self.data / "train.jsonl", COLUMNS, self.cfg.num_samples, optional=("margin",))
         valid = load_split(self.data / "validation.jsonl", COLUMNS, self.cfg.max_eval_samples, optional=("margin",))

@@ -126,5 +126,5 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
         "include_num_input_tokens_seen": True,
         "logging_nan_inf_filter": False,  # a NaN step loss must reach NonFiniteLossGuard, not be averaged away
         "report_to": "none",
-        "disable_tqdm": False,
+        "disable_tqdm": True,  # llmpipe.train.progress draws the one bar (or plain lines off a terminal)
     }

@@ -1,6 +1,6 @@
 """The training run every Trainer stage shares: train (resuming the checkpoint `llmpipe.train.checkpoints` picked,
-with the callbacks of `llmpipe.train.callbacks`), per-step logs (CSV for `dvc plots`, TensorBoard), and the atomic
-save of the final model.
+with the callbacks of `llmpipe.train.callbacks`), per-step logs (CSV for `dvc plots`; TensorBoard and the console
+are `llmpipe.train.hooks`' callbacks), and the atomic save of the final model.
 
 Training runs on the Hugging Face `Trainer` (TRL's trainers subclass it): it sits on Accelerate, so one
 CPU process, DDP, FSDP and DeepSpeed are the same code, and it checkpoints model, optimizer, scheduler,
@@ -19,7 +19,7 @@ from llmpipe.config import Params
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_file
 from llmpipe.distributed.agreement import ranks_agree
-from llmpipe.distributed.launch import check_world, is_main_process
+from llmpipe.distributed.launch import check_world
 from llmpipe.models import count_parameters, save_model
 from llmpipe.train.checkpoints import Run
 
@@ -44,25 +44,6 @@ def write_plots(log_history: list[dict[str, Any]], log_dir: Path) -> None:
             writer = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
-
-
-def tensorboard_callback(log_dir: Path):
-    """A TensorBoard callback writing events to ``log_dir`` (transformers 5 no longer takes a logging_dir).
-
-    Only global rank 0 opens a writer (the callback itself logs on rank 0 only), so other ranks leave no
-    empty event files in the DVC output. The writer stays open after training, for the final evaluation's
-    scalars: TensorBoardCallback closes it at the end of training and would open a new one under the
-    checkpoints (it flushes at every log, so nothing waits on a close).
-    """
-    from torch.utils.tensorboard import SummaryWriter
-    from transformers.integrations import TensorBoardCallback
-
-    class StageTensorBoard(TensorBoardCallback):
-        def on_train_end(self, args, state, control, **kwargs):
-            if self.tb_writer is not None:
-                self.tb_writer.flush()
-
-    return StageTensorBoard(tb_writer=SummaryWriter(log_dir=str(log_dir)) if is_main_process() else None)
 
 
 def consolidated_save(trainer, tokenizer, final: Path) -> None:
@@ -119,6 +100,8 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
     """
     # Imported here, not at the top: the callbacks subclass transformers' TrainerCallback, whose module imports
     # peft (when installed) and with it most of transformers, so a stage module would take seconds to import.
+    from transformers.trainer_callback import PrinterCallback
+
     from llmpipe.train.callbacks import (
         BatchLedger,
         FirstStepLog,
@@ -135,6 +118,7 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
 
     attach(trainer, params.stage(stage))  # optim muon: before train() builds the optimizer
     trainer.callback_handler.callbacks.insert(0, ThroughputCallback(params.stage(stage).max_length))
+    trainer.remove_callback(PrinterCallback)  # llmpipe.train.progress prints instead (disable_tqdm drops the bar)
     if params.profile.enabled:
         trainer.add_callback(ProfilerCallback(params.profile, params.paths.out(params.paths.logs, stage, "profile")))
     world = check_world(params, trainer.accelerator)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from llmpipe.callbacks import Callback, RunInfo
 from llmpipe.config import PPOParams
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir, write_json
@@ -193,11 +194,18 @@ def save_checkpoint(run: PPORun, run_dir: Path, state: dict[str, Any], keep: int
 
 
 def train(
-    run: PPORun, state: dict[str, Any], total_steps: int, run_dir: Path, tensorboard, profiler: StepProfiler | None
+    run: PPORun,
+    state: dict[str, Any],
+    total_steps: int,
+    run_dir: Path,
+    callbacks: Callback,
+    info: RunInfo,
+    profiler: StepProfiler | None,
 ) -> None:
     """PPO steps from ``state["step"]`` to `total_steps`: log every `logging_steps` (window means), evaluate
     every `eval_steps`, checkpoint every `save_steps`, and all three at the last step; step `profiler` (if any)
-    after every PPO step.
+    after every PPO step. `callbacks` (`llmpipe.callbacks`: progress, TensorBoard, samples, the users') get every
+    hook, as in a Trainer stage; an epoch is a pass over the training prompts.
 
     Raises:
         UserError: A loss or gradient norm turned NaN/inf (names the step; no checkpoint of that step is written).
@@ -205,6 +213,9 @@ def train(
     cfg = run.cfg
     steps_per_epoch = len(run.train.ids) / run.rollout_batch_size
     kill_at = kill_at_step()
+    callbacks.on_train_start(info)
+    epoch = math.floor(state["step"] / steps_per_epoch)
+    callbacks.on_epoch_start(epoch)
     while state["step"] < total_steps:
         try:
             state["history"].append(run.step())
@@ -221,23 +232,28 @@ def train(
         if profiler is not None:
             profiler.step()
         step = state["step"]
-        records = []
+        logs: dict[str, Any] = {}
         if step % cfg.logging_steps == 0 or step == total_steps:
             window = (step - 1) % cfg.logging_steps + 1  # steps since the last log line
             record = _window_record(state["history"][-window:], step, steps_per_epoch)
-            records.append({**record, "peak_memory_gb": round(peak_memory_gb(run.accelerator.device), 4)})
+            state["log_history"].append({**record, "peak_memory_gb": round(peak_memory_gb(run.accelerator.device), 4)})
+            logs = {k: v for k, v in state["log_history"][-1].items() if k != "step"}
+        callbacks.on_step_end(step, logs)
         if step % cfg.eval_steps == 0 or step == total_steps:
-            records.append({"step": step, "epoch": round(step / steps_per_epoch, 4), **run.evaluate()})
-            if records[-1]["eval_reward"] > state.get("best_eval_reward", -math.inf):
-                state["best_step"], state["best_eval_reward"] = step, records[-1]["eval_reward"]
-        for record in records:
-            state["log_history"].append(record)
-            values = {k: v for k, v in record.items() if k not in ("step", "epoch")}
-            log.info("ppo step %d/%d: %s", step, total_steps, ", ".join(f"{k} {v:.4g}" for k, v in values.items()))
-            for k, v in values.items():
-                tensorboard.add_scalar(f"{'eval' if k.startswith('eval_') else 'train'}/{k}", v, step)
+            metrics = run.evaluate()
+            state["log_history"].append({"step": step, "epoch": round(step / steps_per_epoch, 4), **metrics})
+            if metrics["eval_reward"] > state.get("best_eval_reward", -math.inf):
+                state["best_step"], state["best_eval_reward"] = step, metrics["eval_reward"]
+            callbacks.on_evaluate(step, metrics)
         if step % cfg.save_steps == 0 or step == total_steps:
             save_checkpoint(run, run_dir, state, cfg.save_total_limit)
+            callbacks.on_save(step, run_dir / f"{PREFIX}{step}")
+        if math.floor(step / steps_per_epoch) > epoch and step < total_steps:
+            callbacks.on_epoch_end(epoch)
+            epoch = math.floor(step / steps_per_epoch)
+            callbacks.on_epoch_start(epoch)
+    callbacks.on_epoch_end(epoch)
+    callbacks.on_train_end(state["step"])
 
 
 def resume(run: PPORun, checkpoint: Path | None, run_dir: Path) -> dict[str, Any]:

@@ -98,26 +98,14 @@ class Rollout:
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]]) -> Batch:
         """Sample one completion per prompt with the `generation` params (left-padded, one batch)."""
-        from transformers import GenerationConfig
+        from llmpipe.train.samples import generation_config
 
-        g, tok = self.cfg.generation, self.tokenizer
+        tok = self.tokenizer
         device = self.accelerator.device
         longest = max(len(p) for p in prompt_ids)
         ids = torch.tensor([[tok.pad_token_id] * (longest - len(p)) + p for p in prompt_ids], device=device)
         prompt_mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
-        config = GenerationConfig(
-            do_sample=True,
-            max_new_tokens=g.max_new_tokens,
-            temperature=g.temperature,
-            top_p=g.top_p,
-            top_k=g.top_k,
-            min_p=g.min_p,
-            repetition_penalty=g.repetition_penalty,
-            suppress_tokens=g.suppress_tokens or None,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            use_cache=True,
-        )
+        config = generation_config(tok, self.cfg.generation.max_new_tokens, self.cfg.generation)
         policy = self.accelerator.unwrap_model(self.policy)
         policy.eval()
         out = policy.generate(input_ids=ids, attention_mask=prompt_mask, generation_config=config)
@@ -138,16 +126,17 @@ class Rollout:
         )
 
     @torch.no_grad()
-    def score(self, batch: Batch, texts: list[str], names: list[str]) -> Tensor:
+    def score(self, batch: Batch, turns: list[list[dict[str, str]]], names: list[str]) -> Tensor:
         """Raw sequence scores ``(B,)``: the reward model's score of the last real token, plus the weighted
-        reward functions of the plain prompt and the completion."""
-        scores = torch.zeros(len(texts), device=self.accelerator.device)
+        reward functions of the prompt's turns and the completion (called as GRPO's TRL calls them)."""
+        scores = torch.zeros(len(turns), device=self.accelerator.device)
         if self.reward_model is not None:
             hidden = hidden_states(self.reward_model, batch.input_ids, batch.attention_mask)
             last = batch.input_ids.shape[1] - batch.response_len + batch.mask.sum(1) - 1
-            scores += self.reward_model.score(hidden[torch.arange(len(texts)), last]).squeeze(-1).float()
+            scores += self.reward_model.score(hidden[torch.arange(len(turns)), last]).squeeze(-1).float()
         if self.cfg.rewards:
-            scores += compute_rewards(self.cfg.rewards, texts, batch.completions, names).to(scores.device)
+            ids = [r[m.bool()].tolist() for r, m in zip(batch.responses, batch.mask)]
+            scores += compute_rewards(self.cfg.rewards, turns, batch.completions, names, ids).to(scores.device)
         return scores
 
     @torch.no_grad()
@@ -163,7 +152,7 @@ class Rollout:
         batch = self.generate([self.train.ids[i] for i in indices])
         generation_s = time.perf_counter() - start
         with acc.autocast():
-            raw = self.score(batch, [self.train.texts[i] for i in indices], [self.train.names[i] for i in indices])
+            raw = self.score(batch, [self.train.turns[i] for i in indices], [self.train.names[i] for i in indices])
             parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "entropy": [], "values": []}
             for s in chunks(len(indices), cfg.per_device_train_batch_size):
                 ids, am = batch.input_ids[s], batch.attention_mask[s]
@@ -219,7 +208,7 @@ class Rollout:
             torch.manual_seed(cfg.seed)
             for s in chunks(len(self.valid.ids), cfg.per_device_eval_batch_size):
                 batch = self.generate(self.valid.ids[s])
-                scores.append(self.score(batch, self.valid.texts[s], self.valid.names[s]))
+                scores.append(self.score(batch, self.valid.turns[s], self.valid.names[s]))
                 lengths.append(batch.mask.sum(1).float())
         return {
             "eval_reward": torch.cat(scores).mean().item(),
