@@ -6,6 +6,7 @@ from pydantic import PrivateAttr, model_validator
 
 from llmpipe.config.data import DataParams, TokenizerParams
 from llmpipe.config.distributed import DistributedParams
+from llmpipe.config.optim import check_optim_keys
 from llmpipe.config.paths import PathsParams
 from llmpipe.config.rl import GRPOParams, PPOParams
 from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams, ReportParams
@@ -57,6 +58,22 @@ class Params(Section):
                 raise ValueError(
                     f"{name}.warmup_steps ({t.warmup_steps}) exceeds {name}.max_steps ({t.max_steps}), so the "
                     f"learning rate would never reach {name}.lr; lower {name}.warmup_steps or raise {name}.max_steps"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _optim_and_schedule_keys(self) -> Params:
+        from llmpipe.stages import TRAINING_TASKS
+
+        defaults = {k: f.default for k, f in TrainParams.model_fields.items()}
+        for name in ("train", *TRAINING_TASKS):
+            check_optim_keys(name, self.stage(name), defaults)
+        for name in TRAINING_TASKS:  # train: itself may leave the budget to the stages
+            t = self.stage(name)
+            if t.lr_scheduler_type == "warmup_stable_decay" and t.resolved_max_steps <= 0:
+                raise ValueError(
+                    f"{name}.lr_scheduler_type warmup_stable_decay places its decay by the step budget: set "
+                    f"{name}.max_steps"
                 )
         return self
 

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from llmpipe.callbacks import resolve
+from llmpipe.config.optim import NOT_OFFERED, DecayType, DistillParams, LossParams, OptimName, SchedulerName
 from llmpipe.config.section import Section
 
 BUDGET_KEYS = frozenset({"max_steps", "num_train_epochs", "steps_per_epoch"})
@@ -70,14 +71,18 @@ class TrainParams(Section):
     max_steps: MaxSteps = -1
     num_train_epochs: float = Field(1.0, gt=0, description="Epochs when max_steps is -1.")
     warmup_steps: WarmupSteps = 20
-    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"] = Field(
-        "cosine", description="Schedule after warmup."
-    )
+    lr_scheduler_type: SchedulerName = Field("cosine", description="Schedule after warmup (transformers' names).")
+    min_lr: float = Field(0.0, ge=0, description="cosine_with_min_lr / warmup_stable_decay: the floor of the rate.")
+    num_cycles: int = Field(1, gt=0, description="cosine_with_restarts: hard restarts over the run.")
+    decay_fraction: float = Field(0.2, gt=0, le=1, description="warmup_stable_decay: share of the steps that decay.")
+    decay_type: DecayType = Field("cosine", description="warmup_stable_decay: shape of the decay.")
     weight_decay: WeightDecay = 0.0
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2.")
     max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables.")
-    optim: Literal["adamw_torch", "adamw_torch_fused", "sgd", "adafactor"] = Field("adamw_torch", description="Optimizer.")
+    optim: OptimName = Field("adamw_torch", description="Optimizer: transformers' Trainer names, or muon.")
+    muon_lr: float = Field(0.02, gt=0, description="muon: peak rate of the 2-D hidden weights (lr: the AdamW rest).")
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="muon: momentum (Nesterov).")
     seed: int = Field(42, description="Seed of model init, data order and dropout.")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto", description="Mixed precision; auto = bf16 where the device supports it, else fp32."
@@ -131,6 +136,13 @@ class TrainParams(Section):
                              "(or leave it out of report_to)")
         return list(dict.fromkeys(report_to))
 
+    @field_validator("optim", mode="before")
+    @classmethod
+    def _offered(cls, value):
+        if value in NOT_OFFERED:
+            raise ValueError(f"{value!r} is not offered: {NOT_OFFERED[value]}")
+        return value
+
     @property
     def resolved_max_steps(self) -> int:
         """The optimizer-step budget handed to the trainer: `max_steps` (-1 = run `num_train_epochs`)."""
@@ -148,6 +160,7 @@ class PretrainParams(TrainParams):
         description="Optimizer steps in one epoch of a stream (data.streaming), which has no length: with max_steps "
         "-1 the run takes steps_per_epoch × num_train_epochs steps.",
     )
+    loss: LossParams = Field(LossParams(), description="Critical-token weights and label smoothing of the loss.")
 
     @property
     def resolved_max_steps(self) -> int:
@@ -165,6 +178,8 @@ class SFTParams(TrainParams):
     max_steps: MaxSteps = 110
     assistant_only_loss: bool = Field(True, description="Loss on assistant tokens only ({% generation %} mask).")
     packing: bool = Field(False, description="Pack several conversations into one sequence.")
+    loss: LossParams = Field(LossParams(), description="Critical-token weights and label smoothing of the loss.")
+    distill: DistillParams = Field(DistillParams(), description="A teacher's logits mixed into the loss.")
 
 
 class RewardParams(TrainParams):

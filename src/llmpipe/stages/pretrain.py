@@ -99,6 +99,9 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     if not params.data.streaming:
         train = token_blocks(tokens / "train", tokenizer_dir, cfg.max_length, cfg.num_samples)
     valid = token_blocks(tokens / "validation", tokenizer_dir, cfg.max_length, cfg.max_eval_samples)
+    from llmpipe.train.losses import token_loss  # torch: imported when the stage runs, not with the module
+
+    loss = None if cfg.loss.is_default else token_loss(cfg.loss, tokenizer, "pretrain.loss")  # before any work
     run = open_run(params, "pretrain", inputs(params), resume)
     model = build_model(params.model, tokenizer)
     log.info("pretrain: %.2f M parameters", count_parameters(model) / 1e6)
@@ -106,12 +109,14 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     if train is not None:
         log.info("pretrain: %d train blocks, %d validation blocks of %d tokens", len(train), len(valid), cfg.max_length)
         trainer = make_trainer(params, model, train, valid, run.path, [hooks])
+        trainer.compute_loss_func = loss
         return train_stage(trainer, params, "pretrain", run, tokenizer)
     from llmpipe.train import stream as stream_trainer
 
     with tempfile.TemporaryDirectory(prefix="llmpipe-stream-") as scratch:
         stream = stream_trainer.open_stream(params, tokenizer, run, scratch)
         trainer = stream_trainer.make_trainer(params, model, stream, valid, run.path, [hooks])
+        trainer.compute_loss_func = loss
         metrics = train_stage(trainer, params, "pretrain", run, tokenizer)
         stream_trainer.save_seen(params, stream)
         return {**metrics, **stream_trainer.counts(stream)}

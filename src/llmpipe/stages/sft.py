@@ -62,11 +62,28 @@ class SFT(TrainerStage):
             check_no_signal(counts[key], len(split), what, "raise sft.max_length", training)
         return counts
 
+    def inputs(self) -> list[Path]:
+        """The registry's inputs, plus the teacher's folder under ``sft.distill`` (another teacher: another run)."""
+        from llmpipe.train.distill import teacher_dir
+
+        return [*super().inputs(), *([teacher_dir(self.params)] if self.cfg.distill.teacher else [])]
+
     def make_trainer(self, model, args, train, valid, callbacks: list):
         from trl import SFTTrainer
 
-        trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid,
-                             processing_class=self.tokenizer, callbacks=callbacks)  # fmt: skip
+        from llmpipe.train.losses import token_loss  # torch: imported when the stage runs, not with the module
+
+        loss = token_loss(self.cfg.loss, self.tokenizer, "sft.loss")
+        kwargs = {"model": model, "args": args, "train_dataset": train, "eval_dataset": valid,
+                  "processing_class": self.tokenizer, "callbacks": callbacks}  # fmt: skip
+        if self.cfg.distill.teacher:
+            from llmpipe.train.distill import DistillSFTTrainer, load_teacher
+
+            teacher = load_teacher(self.params, self.tokenizer, self.trust_remote_code)
+            trainer = DistillSFTTrainer(**kwargs, teacher=teacher, distill=self.cfg.distill, sft_loss=loss)
+        else:
+            trainer = SFTTrainer(**kwargs)
+            trainer.compute_loss_func = None if self.cfg.loss.is_default else loss  # TRL's own loss when default
         trainer.data_collator = MaskedBatchGuard(trainer.data_collator, "sft.max_length")
         return trainer
 

@@ -54,18 +54,21 @@ def resolve_precision(precision: str, key: str = "train.precision") -> tuple[boo
 
 def check_device_params(params: Params, stage: str) -> None:
     """Refuse params the device cannot run before a training stage does any work (`llm-train` calls it before the
-    stage loads a model or opens its run folder): today the stage's ``precision``.
+    stage loads a model or opens its run folder): the stage's ``precision`` and ``optim``.
 
     Args:
         params: Validated params.
         stage: The task being run; a stage that does not train is not checked.
 
     Raises:
-        UserError: See :func:`resolve_precision`; the message names the key where the value was set
-            (``dpo.precision`` under ``dpo``, ``train.precision`` when inherited).
+        UserError: See :func:`resolve_precision` and `llmpipe.train.optimizers.check_optimizer`; the message names
+            the key where the value was set (``dpo.precision`` under ``dpo``, ``train.precision`` when inherited).
     """
+    from llmpipe.train.optimizers import check_optimizer
+
     if stage in TRAINING_TASKS:
         resolve_precision(params.stage(stage).precision, params.source_of(stage, "precision"))
+        check_optimizer(params.stage(stage).optim, params.source_of(stage, "optim"), params.distributed.strategy)
 
 
 def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, Any]:
@@ -81,6 +84,8 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
     """
     import torch
 
+    from llmpipe.train.optimizers import schedule_kwargs, trainer_optim
+
     t: TrainParams = params.stage(stage)
     best_metric, greater_is_better = REGISTRY[stage].best_metric
     bf16, fp16 = resolve_precision(t.precision, params.source_of(stage, "precision"))
@@ -94,11 +99,12 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
         "num_train_epochs": t.num_train_epochs,
         "warmup_steps": t.warmup_steps,
         "lr_scheduler_type": t.lr_scheduler_type,
+        "lr_scheduler_kwargs": schedule_kwargs(t, t.resolved_max_steps),
         "weight_decay": t.weight_decay,
         "adam_beta1": t.adam_beta1,
         "adam_beta2": t.adam_beta2,
         "max_grad_norm": t.max_grad_norm,
-        "optim": t.optim,
+        "optim": trainer_optim(t),  # muon: llmpipe.train.optimizers.attach gives the Trainer its factory
         "seed": t.seed,
         "data_seed": t.seed,
         "bf16": bf16,

@@ -113,9 +113,11 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
         kill_at_step,
         write_ledger,
     )
+    from llmpipe.train.optimizers import attach
     from llmpipe.train.profiling import ProfilerCallback
     from llmpipe.train.throughput import ThroughputCallback, peak_memory_gb
 
+    attach(trainer, params.stage(stage))  # optim muon: before train() builds the optimizer
     trainer.callback_handler.callbacks.insert(0, ThroughputCallback(params.stage(stage).max_length))
     trainer.remove_callback(PrinterCallback)  # llmpipe.train.progress prints instead (disable_tqdm drops the bar)
     if params.profile.enabled:

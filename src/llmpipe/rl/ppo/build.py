@@ -25,6 +25,7 @@ from llmpipe.rl.ppo.loop import PPORun, prompts_per_step
 from llmpipe.rl.ppo.losses import RunningMeanStd
 from llmpipe.rl.prompts import IndexStream, Prompts
 from llmpipe.train.arguments import resolve_precision, training_kwargs
+from llmpipe.train.optimizers import muon_with_adamw, schedule_kwargs
 
 REWARD_MISSING = "run the reward stage first (dvc repro reward)"
 
@@ -49,9 +50,12 @@ def load_value_model(path: Path, trust_remote_code: bool = False):
 
 def make_optimizer(params: Params, run_dir: Path, models: list) -> torch.optim.Optimizer:
     """The `train.optim` optimizer over both models (HF Trainer's mapping of our params); weight decay on
-    matrices and embeddings only (parameters of 2+ dimensions), as in GPT-2/nanoGPT."""
+    matrices and embeddings only (parameters of 2+ dimensions), as in GPT-2/nanoGPT. ``muon``: Muon on both
+    models' hidden weight matrices, AdamW on the rest (`llmpipe.train.optimizers.muon_with_adamw`)."""
     from transformers import Trainer, TrainingArguments
 
+    if params.ppo.optim == "muon":
+        return muon_with_adamw(params.ppo, models)
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(TrainingArguments(**training_kwargs(params, "ppo", run_dir)))
     weights = [p for m in models for p in m.parameters() if p.requires_grad]
     groups = [
@@ -119,7 +123,8 @@ def build(
         value_model.gradient_checkpointing_enable()
     optimizer = make_optimizer(params, run_dir, [policy, value_model])  # before the Accelerator: it resets its state
     num_steps = total_steps(cfg, len(train.ids))
-    scheduler = get_scheduler(cfg.lr_scheduler_type, optimizer, cfg.warmup_steps, num_steps)
+    scheduler = get_scheduler(cfg.lr_scheduler_type, optimizer, cfg.warmup_steps, num_steps,
+                              scheduler_specific_kwargs=schedule_kwargs(cfg, num_steps))
 
     bf16, fp16 = resolve_precision(cfg.precision, params.source_of("ppo", "precision"))
     mixed_precision = "bf16" if bf16 else "fp16" if fp16 else "no"
