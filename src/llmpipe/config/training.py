@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from llmpipe.config.peft import PeftParams
 from llmpipe.config.section import Section
 
 BUDGET_KEYS = frozenset({"max_steps", "num_train_epochs", "steps_per_epoch"})
@@ -88,6 +89,7 @@ class TrainParams(Section):
     max_eval_samples: MaxEvalSamples = 128
     num_samples: int | None = Field(None, gt=0, description="Train on at most this many examples (None = all).")
     dataloader_num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+    peft: PeftParams = Field(PeftParams(), description="Adapter or full training (sft, dpo, reward, ppo, grpo).")
 
     @property
     def resolved_max_steps(self) -> int:
@@ -113,6 +115,15 @@ class PretrainParams(TrainParams):
         if self.max_steps > 0 or self.steps_per_epoch is None:
             return self.max_steps
         return math.ceil(self.steps_per_epoch * self.num_train_epochs)
+
+    @model_validator(mode="after")
+    def _no_adapter(self) -> PretrainParams:
+        if self.peft.method != "none":
+            raise ValueError(
+                f"pretrain.peft.method ({self.peft.method!r}): pretrain trains the base model in full; adapters apply "
+                "to sft, dpo, reward, ppo and grpo (set train.peft or their own peft block); remove pretrain.peft"
+            )
+        return self
 
 
 class SFTParams(TrainParams):
