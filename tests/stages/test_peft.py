@@ -201,3 +201,36 @@ def test_qlora_without_a_gpu_is_a_clear_error():
         pytest.skip("a CUDA machine: QLoRA applies")
     with pytest.raises(UserError, match=r"sft\.peft\.load_in_4bit: .* needs a CUDA GPU"):
         load_kwargs(cfg, "sft")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stage", "over"), [("reward", {}), ("grpo", {"beta": 0.04}), ("ppo", {}),
+                                             ("dpo", {"method": "kto"})])  # fmt: skip
+def test_every_adapter_stage_trains_lora_and_writes_a_merged_model(peftdir, stage, over, monkeypatch):
+    """reward (score head in full), grpo and kto (reference = the adapter-disabled policy inside TRL), ppo (its own
+    loop: the reference is `DisabledAdapter`, the value model trains an adapter too)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from llmpipe import stages
+    from llmpipe.models import load_tokenizer, save_model
+
+    monkeypatch.chdir(peftdir)
+    tok = load_tokenizer(peftdir / "artifacts" / "tokenizer")
+    if not (peftdir / "models" / "reward").exists():
+        save_model(load_model(peftdir / "models" / "pretrain", ""), tok, peftdir / "models" / "sft")
+        reward = AutoModelForSequenceClassification.from_pretrained(peftdir / "models" / "sft", num_labels=1)
+        save_model(reward, tok, peftdir / "models" / "reward")
+    schedule = {"max_steps": 2, "save_steps": 2, "eval_steps": 2} if stage in ("grpo", "ppo") else {}
+    params = stage_params(peftdir, f"rl-{stage}", **{stage: {"peft": {"method": "lora", "r": 4}, **over, **schedule}})
+    metrics = stages.runner(stage)(params)
+    out = peftdir / f"out-rl-{stage}" / "models" / stage
+    assert metrics["steps"] == params.stage(stage).max_steps
+    assert (out / "adapter" / "adapter_model.safetensors").exists() and not (out / "adapter_config.json").exists()
+    merged = load_model(out, "", num_labels=1 if stage == "reward" else None)
+    assert type(merged).__module__.startswith("transformers.")
+    if stage == "reward":
+        from transformers import set_seed
+
+        set_seed(params.reward.seed)  # the new score head, as the stage drew it
+        initial = load_model(peftdir / "models" / "sft", "", num_labels=1)
+        assert not torch.equal(merged.score.weight, initial.score.weight), "the score head trains in full"

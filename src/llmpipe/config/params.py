@@ -58,12 +58,15 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
-    def _adalora_schedule(self) -> Params:
+    def _adapters_fit(self) -> Params:
         # AdaLoRA's rank budget runs over a known number of steps (peft's `total_step`), reallocated per optimizer step
         from llmpipe.stages import ADAPTER_TASKS
 
         for name in ADAPTER_TASKS:
             t = self.stage(name)
+            if name == "ppo" and t.peft.method in ("prefix_tuning", "prompt_tuning"):
+                raise ValueError(f"ppo.peft.method {t.peft.method}: ppo's own loop reads the value model's hidden "
+                                 "states position by position, which virtual tokens would shift; use lora or ia3")  # fmt: skip
             if t.peft.method != "adalora":
                 continue
             if name == "ppo":

@@ -18,6 +18,7 @@ from typing import Any
 from llmpipe.config import PeftParams
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir
+from llmpipe.models import save_model
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,23 @@ def wrap(model, cfg: PeftParams, stage: str, source: Path, task: str = "CAUSAL_L
     return wrapped
 
 
+class DisabledAdapter:
+    """The frozen reference inside a peft policy's own weights: calls the policy with its adapter disabled (PPO's
+    reference; TRL's trainers do the same for DPO, KTO and GRPO).
+
+    Args:
+        policy: The trained peft policy, as the `Accelerator` prepared it.
+        accelerator: Unwraps it to reach peft's `disable_adapter`.
+    """
+
+    def __init__(self, policy, accelerator) -> None:
+        self.policy, self.accelerator = policy, accelerator
+
+    def __call__(self, *args, **kwargs):
+        with self.accelerator.unwrap_model(self.policy).disable_adapter():
+            return self.policy(*args, **kwargs)
+
+
 def effective_rank(model) -> float:
     """AdaLoRA's mean rank over its adapted matrices: the singular values its budget schedule left non-zero."""
     ranks = [int((e != 0).sum()) for name, e in model.named_parameters() if f"lora_E.{ADAPTER}" in name]
@@ -169,15 +187,16 @@ def adalora_callback():
     return AdaLoraSchedule()
 
 
-def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[[], Any], state_dict=None) -> None:
-    """Write a trained adapter atomically: ``final`` = the merged full model with the adapter in ``final/adapter/``
-    (`merge`), or the adapter itself (``adapter_model.safetensors``, ``adapter_config.json``, the tokenizer).
+def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[[], Any] | None, state_dict=None) -> None:
+    """Write a trained model atomically; for an adapter, ``final`` = the merged full model with the adapter in
+    ``final/adapter/`` (`merge`), or the adapter itself (``adapter_model.safetensors``, ``adapter_config.json``, the
+    tokenizer). Any other model (method none, bitfit) is saved whole (`llmpipe.models.save_model`).
 
     The adapter sits in a subfolder of a merged model because transformers loads a folder's top-level
     ``adapter_config.json`` as an adapter over its ``base_model_name_or_path``, which would apply it twice.
 
     Args:
-        model: The unwrapped `PeftModel`.
+        model: The unwrapped model.
         tokenizer: Saved beside the model.
         final: ``models/<stage>``.
         merge: `peft.merge`.
@@ -187,6 +206,8 @@ def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[[], Any
     """
     from peft import PeftModel
 
+    if not is_peft_model(model):
+        return save_model(model, tokenizer, final, state_dict=state_dict)
     with atomic_dir(final) as tmp:
         adapter_dir = tmp / "adapter" if merge else tmp
         model.save_pretrained(adapter_dir, state_dict=state_dict, selected_adapters=[ADAPTER],

@@ -20,7 +20,7 @@ from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_file
 from llmpipe.distributed.agreement import ranks_agree
 from llmpipe.distributed.launch import check_world, is_main_process
-from llmpipe.models import count_parameters, save_model
+from llmpipe.models import count_parameters
 from llmpipe.train.checkpoints import Run
 
 log = logging.getLogger(__name__)
@@ -78,11 +78,7 @@ def consolidated_save(trainer, tokenizer, final: Path, merge: bool = True, load_
     acc = trainer.accelerator
     state_dict = acc.get_state_dict(trainer.model_wrapped if trainer.is_deepspeed_enabled else trainer.model)
     if trainer.is_world_process_zero():
-        model = acc.unwrap_model(trainer.model)
-        if adapters.is_peft_model(model):
-            adapters.save(model, tokenizer, final, merge, load_base, state_dict=state_dict)
-        else:
-            save_model(model, tokenizer, final, state_dict=state_dict)
+        adapters.save(acc.unwrap_model(trainer.model), tokenizer, final, merge, load_base, state_dict=state_dict)
 
 
 def _finished_run(trainer, params: Params, stage: str, run: Run) -> bool:
