@@ -168,7 +168,7 @@ def test_unmerged_adapter_is_what_later_stages_and_evaluation_load(peftdir, monk
     assert type(model).__module__.startswith("transformers."), "merged on load: a plain model for later stages"
     assert model_config(folder)["vocab_size"] == model.config.vocab_size
     assert harness.context_length(folder, 10_000) == model.config.max_position_embeddings
-    json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "models/pretrain"
+    assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "models/pretrain"
 
 
 def test_peft_params_inherit_from_train_and_are_checked():
