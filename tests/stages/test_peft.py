@@ -234,3 +234,7 @@ def test_every_adapter_stage_trains_lora_and_writes_a_merged_model(peftdir, stag
         set_seed(params.reward.seed)  # the new score head, as the stage drew it
         initial = load_model(peftdir / "models" / "sft", "", num_labels=1)
         assert not torch.equal(merged.score.weight, initial.score.weight), "the score head trains in full"
+        from llmpipe.rl.ppo.build import load_value_model
+
+        as_adapter = load_value_model(out / "adapter")  # what ppo reads from a reward.peft.merge: false run
+        assert torch.equal(as_adapter.score.weight, merged.score.weight)

@@ -22,7 +22,7 @@ from llmpipe.config import Params, PPOParams
 from llmpipe.core.errors import UserError
 from llmpipe.data.tokens import PackedBlocks
 from llmpipe.distributed.launch import check_world
-from llmpipe.models import check_same_tokenizer, load_model, load_pretrained
+from llmpipe.models import ADAPTER_CONFIG, check_same_tokenizer, load_model, load_pretrained
 from llmpipe.rl.ppo.loop import PPORun, prompts_per_step
 from llmpipe.rl.ppo.losses import RunningMeanStd
 from llmpipe.rl.prompts import IndexStream, Prompts
@@ -44,7 +44,10 @@ def load_value_model(path: Path, trust_remote_code: bool = False):
     """
     from transformers import AutoModelForSequenceClassification
 
-    model = load_pretrained(AutoModelForSequenceClassification, path, REWARD_MISSING, trust_remote_code)
+    if (Path(path) / ADAPTER_CONFIG).exists():  # a reward adapter (reward.peft.merge: false) over its base
+        model = load_model(path, REWARD_MISSING, num_labels=1, trust_remote_code=trust_remote_code)
+    else:
+        model = load_pretrained(AutoModelForSequenceClassification, path, REWARD_MISSING, trust_remote_code)
     if model.config.num_labels != 1 or not hasattr(model, "score"):
         raise UserError(f"{path}: expected a one-label sequence-classification model with a `score` head")
     return model
