@@ -6,7 +6,11 @@
 #      datasheet and the measured bf16 matmul peak;
 #   2. a few steps with distributed.strategy fsdp (FSDP2, one process), then the same run with a larger step
 #      budget, which must resume from the checkpoint; the final model must load as a standard HF directory;
-#   3. the same with strategy deepspeed (ZeRO-3).
+#   3. the same with strategy deepspeed (ZeRO-3);
+#   4. sft with peft.method lora under FSDP on every local GPU (num_processes auto): the saved adapter must hold
+#      every LoRA tensor whole (not only rank 0's shard, a known Accelerate failure), and the merged model's
+#      logits must equal base + adapter's (within 1e-4 in fp32). With one GPU the world is one rank: the shapes and
+#      the merge are checked, the multi-rank case needs two GPUs.
 #
 # Usage (from anywhere; the runs work in a fresh folder, --work):
 #   [PYTHON=python3] benchmarks/gpu_check.sh [--wheels DIR] [--out DIR] [--work DIR] [--steps N] [--batch N]
@@ -19,7 +23,7 @@
 #                   is emptied only if a previous gpu_check made it
 #     --steps N     pretrain steps in part 1 (default 200; 64 × 1024 tokens each)
 #     --batch N     blocks of 1024 tokens per step in every part (default 64)
-#     --parts LIST  comma-separated subset of pretrain,fsdp,deepspeed to run (default: all three)
+#     --parts LIST  comma-separated subset of pretrain,fsdp,deepspeed,fsdp_lora to run (default: all four)
 #     --tiny        a 2-layer model and a few steps: checks this script on a machine without a GPU (parts 2
 #                   and 3 must then stop with llmpipe's "needs CUDA GPUs" error, which counts as a pass)
 # Exit status: 0 when every part passed. Each part has its own time limit, so one hang cannot eat the rest.
@@ -27,7 +31,7 @@ set -uo pipefail
 
 usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-WHEELS="" OUT_DIR="$PWD/gpu_check_out" WORK="" STEPS=200 TINY=0 PARTS=pretrain,fsdp,deepspeed BATCH=64
+WHEELS="" OUT_DIR="$PWD/gpu_check_out" WORK="" STEPS=200 TINY=0 PARTS=pretrain,fsdp,deepspeed,fsdp_lora BATCH=64
 while (($#)); do
   case "$1" in
     --wheels) WHEELS=${2:?--wheels needs a folder}; shift 2 ;;
@@ -42,7 +46,7 @@ while (($#)); do
   esac
 done
 for p in ${PARTS//,/ }; do
-  [[ $p == pretrain || $p == fsdp || $p == deepspeed ]] || { echo "gpu_check.sh: --parts: unknown part '$p'" >&2; exit 2; }
+  [[ $p == pretrain || $p == fsdp || $p == deepspeed || $p == fsdp_lora ]] || { echo "gpu_check.sh: --parts: unknown part '$p'" >&2; exit 2; }
 done
 wants() { [[ ,$PARTS, == *",$1,"* ]]; }
 [[ $BATCH =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: --batch must be a positive integer, got '$BATCH'" >&2; exit 2; }
@@ -179,6 +183,56 @@ EOF
 }
 if wants fsdp; then check_sharded fsdp "" || status=1; fi
 if wants deepspeed; then check_sharded deepspeed ", deepspeed: {zero_stage: 3}" || status=1; fi
+
+# 4. LoRA sft under FSDP: every rank's adapter shard saved, the merge exact.
+check_fsdp_lora() {
+  "$PY" - <<'EOF'
+import pathlib, yaml
+from llmpipe.config import load_params
+from llmpipe.models import build_model, load_tokenizer, save_model
+raw = yaml.safe_load(open("params.yaml"))
+raw.update(paths={"output_root": "runs/fsdp_lora"}, distributed={"strategy": "fsdp", "num_processes": "auto"})
+raw["sft"] = {"max_steps": 10, "save_steps": 5, "eval_steps": 10, "logging_steps": 5, "warmup_steps": 1,
+              "max_length": 256, "precision": "fp32",
+              "peft": {"method": "lora", "r": 8, "target_modules": "all-linear"}}
+yaml.safe_dump(raw, open("params-fsdp_lora.yaml", "w"))
+if not pathlib.Path("models/pretrain/config.json").exists():  # part 1 not run: a random base of the same shape
+    params = load_params("params-fsdp_lora.yaml")
+    tok = load_tokenizer(params.paths.tokenizer)
+    save_model(build_model(params.model, tok), tok, "models/pretrain")
+EOF
+  part fsdp_lora_sft 300 "$PY" -m llmpipe.cli --task sft --config-path params-fsdp_lora.yaml || {
+    ((TINY)) && grep -q "needs CUDA GPUs" "$OUT_DIR/fsdp_lora_sft.log" && say "fsdp_lora: refused without a GPU (--tiny)" && return 0
+    return 1
+  }
+  "$PY" - <<'EOF' 2>&1 | tee -a "$SUMMARY"
+import json, sys, torch
+from peft import PeftModel, get_peft_model
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+from llmpipe.config import load_params
+from llmpipe.train.adapters import peft_config
+out = "runs/fsdp_lora/models/sft"
+m = json.load(open("runs/fsdp_lora/metrics/sft.json"))
+cfg = load_params("params-fsdp_lora.yaml").sft.peft
+fresh = get_peft_model(AutoModelForCausalLM.from_pretrained("models/pretrain"), peft_config(cfg, "CAUSAL_LM", 10))
+want = {n.replace(".default", ""): tuple(p.shape) for n, p in fresh.named_parameters() if p.requires_grad}
+saved = load_file(f"{out}/adapter/adapter_model.safetensors")
+got = {n: tuple(t.shape) for n, t in saved.items()}
+whole = got == want and all(bool(t.abs().sum() > 0) for n, t in saved.items() if "lora_B" in n)
+base = AutoModelForCausalLM.from_pretrained("models/pretrain")
+with_adapter = PeftModel.from_pretrained(base, f"{out}/adapter").eval()
+merged = AutoModelForCausalLM.from_pretrained(out).eval()
+ids = torch.randint(0, merged.config.vocab_size, (2, 32))
+with torch.no_grad():
+    diff = (merged(ids).logits - with_adapter(ids).logits).abs().max().item()
+ok = whole and diff < 1e-4
+print(f"fsdp_lora: world size {m['world_size']}, {len(saved)} adapter tensors saved of {len(want)} expected, "
+      f"all whole and trained: {whole}; merged vs base+adapter logits max |diff| {diff:.2e}: {'PASS' if ok else 'FAIL'}")
+sys.exit(0 if ok else 1)
+EOF
+}
+if wants fsdp_lora; then check_fsdp_lora || status=1; fi
 
 say "== gpu_check: $( ((status == 0)) && echo PASS || echo FAIL)"
 exit $status

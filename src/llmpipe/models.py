@@ -110,6 +110,12 @@ def check_model_dir(path: str | Path, what: str, trust_remote_code: bool = False
     """
     path = Path(path)
     config = path / "config.json"
+    if (path / ADAPTER_CONFIG).exists() and not config.exists():
+        weights = path / "adapter_model.safetensors"
+        if problem := safetensors_problem(weights) if weights.exists() else "no such file":
+            raise UserError(f"{weights}: damaged or missing adapter ({problem}); {what}")
+        check_model_dir(adapter_base(path), f"it is the base model of the adapter {path}", trust_remote_code)
+        return
     if not config.exists():
         raise UserError(f"{path}: no model there; {what}")
     _refuse_auto_map(config, trust_remote_code)
@@ -159,15 +165,48 @@ def load_pretrained(auto_class, path: str | Path, what: str, trust_remote_code: 
         raise UserError(f"{path}: cannot load the model: {root_cause(err)}") from None
 
 
-def load_model(path: str | Path, what: str, num_labels: int | None = None, trust_remote_code: bool = False):
-    """Load a saved model from a directory: a causal LM, or with `num_labels` a sequence classifier.
+ADAPTER_CONFIG = "adapter_config.json"
+"""What makes a folder a peft adapter (``peft.merge: false``) rather than a model."""
+
+
+def adapter_base(path: Path) -> Path:
+    """The model folder an adapter folder was trained on (its ``base_model_name_or_path``; relative paths are from
+    the repository root, where stages run)."""
+    base = read_config(path / ADAPTER_CONFIG).get("base_model_name_or_path")
+    if not base:
+        raise UserError(f"{path / ADAPTER_CONFIG}: no base_model_name_or_path; save the adapter again")
+    return Path(base)
+
+
+def model_config(path: str | Path) -> dict[str, Any]:
+    """A model folder's ``config.json``, or for an adapter folder its base model's."""
+    path = Path(path)
+    return read_config(path / "config.json") if (path / "config.json").exists() else model_config(adapter_base(path))
+
+
+def _load_adapter(path: Path, what: str, num_labels: int | None, trust_remote_code: bool, **kwargs):
+    """An adapter folder over its base model (itself loaded by :func:`load_model`, so adapters chain), merged into
+    the weights; a virtual-token adapter (prefix or prompt tuning) cannot merge and stays a `peft.PeftModel`."""
+    from peft import PeftModel
+
+    check_model_dir(path, what, trust_remote_code)
+    base = load_model(adapter_base(path), f"it is the base model of the adapter {path}", num_labels,
+                      trust_remote_code, **kwargs)  # fmt: skip
+    model = PeftModel.from_pretrained(base, path)
+    return model if model.peft_config["default"].is_prompt_learning else model.merge_and_unload()
+
+
+def load_model(path: str | Path, what: str, num_labels: int | None = None, trust_remote_code: bool = False, **kwargs):
+    """Load a saved model from a directory: a causal LM, or with `num_labels` a sequence classifier; a peft adapter
+    folder (``adapter_config.json``) loads over its base model.
 
     Args:
-        path: A `save_pretrained` directory.
+        path: A `save_pretrained` directory, or an adapter's.
         what: The fix to name when it is missing, e.g. "run the sft stage first (dvc repro sft)".
         num_labels: Load `AutoModelForSequenceClassification` with this many outputs (1 for a reward model);
             from a causal LM the score head is new and initialised from the torch RNG, so seed first.
         trust_remote_code: Let pickled weights and ``auto_map`` code through (``--trust-remote-code``).
+        **kwargs: More `from_pretrained` keywords (QLoRA's ``quantization_config``).
 
     Raises:
         UserError: The directory is missing (names the stage that makes it), or is refused or unreadable
@@ -175,9 +214,12 @@ def load_model(path: str | Path, what: str, num_labels: int | None = None, trust
     """
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    if (Path(path) / ADAPTER_CONFIG).exists() and not (Path(path) / "config.json").exists():
+        return _load_adapter(Path(path), what, num_labels, trust_remote_code, **kwargs)
     if num_labels is None:
-        return load_pretrained(AutoModelForCausalLM, path, what, trust_remote_code)
-    return load_pretrained(AutoModelForSequenceClassification, path, what, trust_remote_code, num_labels=num_labels)
+        return load_pretrained(AutoModelForCausalLM, path, what, trust_remote_code, **kwargs)
+    return load_pretrained(AutoModelForSequenceClassification, path, what, trust_remote_code, num_labels=num_labels,
+                           **kwargs)  # fmt: skip
 
 
 def check_tokenizer_configs(path: Path, trust_remote_code: bool) -> None:
@@ -240,9 +282,13 @@ def save_model(model, tokenizer, final: str | Path, state_dict=None) -> None:
         tokenizer.save_pretrained(tmp)
 
 
-def count_parameters(model) -> int:
-    """Number of parameters (tied weights counted once)."""
-    return sum(p.numel() for p in model.parameters())
+def count_parameters(model, trainable_only: bool = False) -> int:
+    """Number of parameters (tied weights counted once), or of those that train; a peft model's as peft counts
+    them (its `get_nb_trainable_parameters`: 4-bit weights at their full count)."""
+    if hasattr(model, "get_nb_trainable_parameters"):
+        trainable, total = model.get_nb_trainable_parameters()
+        return trainable if trainable_only else total
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
 PROBE = "def f(x):\n    return x  # héllo, wörld 🙂 \t<s> </s>"
@@ -329,8 +375,8 @@ def check_same_tokenizer(model_dir: str | Path, tokenizer, tokenizer_dir: str | 
     model_dir = Path(model_dir)
     fix = (f"rerun the stages after the tokenizer (dvc repro), or point paths.tokenizer at the tokenizer "
            f"{model_dir} was trained with")
-    config = model_dir / "config.json"
-    vocab_size = json.loads(config.read_text()).get("vocab_size") if config.exists() else None
+    known = (model_dir / "config.json").exists() or (model_dir / ADAPTER_CONFIG).exists()
+    vocab_size = model_config(model_dir).get("vocab_size") if known else None
     if vocab_size is not None and vocab_size < len(tokenizer):
         raise UserError(f"{model_dir} has {vocab_size} embedding rows but {tokenizer_dir} has {len(tokenizer)} "
                         f"tokens: the model was trained with another tokenizer; {fix}")

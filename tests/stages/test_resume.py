@@ -70,8 +70,8 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **extra}
 
 
-def _llm_train(cwd: Path, stage: str, root: Path, **env: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "llmpipe.cli", "--task", stage, "--output-dir", str(root)]
+def _llm_train(cwd: Path, stage: str, root: Path, config: str = "params.yaml", **env: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "llmpipe.cli", "--task", stage, "--output-dir", str(root), "--config-path", config]
     return subprocess.run(cmd, cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=600)
 
 
@@ -86,23 +86,34 @@ def _kill_step(stage: str) -> int:
     return random.Random(stage).choice(choices)
 
 
+ADAPTER_CASES = {"sft-lora": ("sft", {"method": "lora", "r": 4, "lora_dropout": 0.1, "target_modules": "all-linear"})}
+"""Resume with an adapter (checkpoints hold the adapter and its optimizer state): stage and its `peft` block."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", list(RESUME))
-def test_a_killed_stage_resumes_exactly(stagedir, stage, tmp_path, monkeypatch):
+@pytest.mark.parametrize("case", [*RESUME, *ADAPTER_CASES])
+def test_a_killed_stage_resumes_exactly(stagedir, case, tmp_path, monkeypatch):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
+    stage, config = case, "params.yaml"
+    if case in ADAPTER_CASES:
+        stage, peft = ADAPTER_CASES[case]
+        raw = yaml.safe_load((stagedir / "params.yaml").read_text())
+        raw[stage] = {**raw[stage], "peft": peft}
+        config = f"params-{case}.yaml"
+        (stagedir / config).write_text(yaml.safe_dump(raw))
     at = _kill_step(stage)
-    crash = _llm_train(stagedir, stage, killed, LLMPIPE_KILL_AT_STEP=str(at))
+    crash = _llm_train(stagedir, stage, killed, config, LLMPIPE_KILL_AT_STEP=str(at))
     assert crash.returncode == -9, crash.stderr[-3000:]
     assert not (killed / "models" / stage).exists(), "killed before the end: no final model"
 
-    rerun = _llm_train(stagedir, stage, killed)
+    rerun = _llm_train(stagedir, stage, killed, config)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     resumed = json.loads((killed / "metrics" / f"{stage}.json").read_text())
     expected_resume = at - at % RESUME[stage]["save_steps"]
     assert f"resuming from {killed}" in rerun.stderr and resumed["resumed_from_step"] == expected_resume > 0
 
     monkeypatch.chdir(stagedir)  # the same run, uninterrupted, in this process
-    reference = stages.runner(stage)(load_params("params.yaml", {"paths.output_root": str(whole)}))
+    reference = stages.runner(stage)(load_params(config, {"paths.output_root": str(whole)}))
 
     assert resumed["steps"] == reference["steps"] == RESUME[stage]["max_steps"]
     ledger = _rows(killed, stage, "batches.csv")
@@ -116,6 +127,9 @@ def test_a_killed_stage_resumes_exactly(stagedir, stage, tmp_path, monkeypatch):
         assert float(a["loss"]) == pytest.approx(float(b["loss"]), abs=1e-4), f"step {a['step']}"
     final = "eval_reward" if stage in ("ppo", "grpo") else "eval_loss"
     assert resumed[final] == pytest.approx(reference[final], abs=1e-4)
+    if case in ADAPTER_CASES:
+        adapter = killed / "models" / stage / "adapter" / "adapter_model.safetensors"
+        assert adapter.read_bytes() == (whole / "models" / stage / "adapter" / adapter.name).read_bytes()
 
 
 # ---- the resume rules, on pretrain (the cheapest stage) ----------------------------------------------------------

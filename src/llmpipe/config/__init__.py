@@ -11,6 +11,7 @@ One module per family of sections, and every name is re-exported here (import fr
 - :mod:`~llmpipe.config.paths`: ``paths``.
 - :mod:`~llmpipe.config.data`: ``data`` (sources, stream, dedup) and ``tokenizer``.
 - :mod:`~llmpipe.config.training`: ``model``, ``train``, ``pretrain``, ``sft``, ``reward``, ``dpo``.
+- :mod:`~llmpipe.config.peft`: ``peft`` (in ``train`` and each adapter stage's section).
 - :mod:`~llmpipe.config.rl`: ``ppo``, ``grpo`` and their generation and reward specs.
 - :mod:`~llmpipe.config.runtime`: ``profile``, ``regression``, ``eval``, ``orchestration``.
 - :mod:`~llmpipe.config.params`: :class:`Params`, the root, with the rules that cross sections.
@@ -37,6 +38,7 @@ from llmpipe.config.data import (
 from llmpipe.config.loading import ParamsError, load_params, parse_params, set_dotted
 from llmpipe.config.params import Params
 from llmpipe.config.paths import PathsParams
+from llmpipe.config.peft import PeftParams
 from llmpipe.config.rl import GenerationParams, GRPOLossType, GRPOParams, PPOParams, RewardName, RewardSpec
 from llmpipe.config.runtime import (
     EVAL_TASKS,
@@ -82,6 +84,7 @@ __all__ = [
     "Params",
     "ParamsError",
     "PathsParams",
+    "PeftParams",
     "PreferenceFormat",
     "PretrainParams",
     "ProfileParams",

@@ -69,7 +69,7 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         ParamsError: A key is unknown, a value has the wrong type or range, or a cross-field rule fails.
             The message names each key path (e.g. ``sft.lrr``) and suggests the fix.
     """
-    from llmpipe.stages import TRAINING_TASKS  # the registry imports config sections: import at call time
+    from llmpipe.stages import ADAPTER_TASKS, TRAINING_TASKS  # the registry imports config sections: at call time
 
     if raw is None:
         raw = {}
@@ -83,7 +83,7 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
             own = raw.get(name) or {}
             if not isinstance(own, dict):
                 continue
-            merged[name] = {**train, **own}
+            merged[name] = inherit({k: v for k, v in train.items() if k != "peft" or name in ADAPTER_TASKS}, own)
             origin[name] = {k: ("train" if k not in own else name) for k in merged[name]}
     try:
         params = Params.model_validate(merged)
@@ -91,6 +91,21 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         raise ParamsError(_format_errors(err, source, origin)) from None
     params._origin.update(origin)  # device-dependent checks name the key where a value was set (Params.source_of)
     return params
+
+
+def inherit(train: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """A stage's section over the `train` defaults: the stage's keys win; a block (``peft:``) set in both is merged
+    key by key, unless the stage's block names another ``method`` (then the stage's block replaces train's whole,
+    since the other method's keys would not apply: `sft.peft: {method: ia3}` under `train.peft: {method: lora,
+    r: 16}`)."""
+    merged = {**train, **own}
+    for key, value in own.items():
+        base = train.get(key)
+        if isinstance(value, dict) and isinstance(base, dict) and value.get("method", base.get("method")) == base.get(
+            "method"
+        ):
+            merged[key] = {**base, **value}
+    return merged
 
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from llmpipe.callbacks import resolve
 from llmpipe.config.optim import NOT_OFFERED, DecayType, DistillParams, LossParams, OptimName, SchedulerName
+from llmpipe.config.peft import PeftParams
 from llmpipe.config.section import Section
 
 BUDGET_KEYS = frozenset({"max_steps", "num_train_epochs", "steps_per_epoch"})
@@ -116,6 +117,7 @@ class TrainParams(Section):
         "tensorboard (always: logs/<stage>/tensorboard is a DVC output), wandb (offline, logs/wandb), mlflow "
         "(SQLite store logs/mlflow/mlflow.db), trackio (logs/trackio).",
     )
+    peft: PeftParams = Field(PeftParams(), description="Adapter or full training (sft, dpo, reward, ppo, grpo).")
 
     @field_validator("callbacks")
     @classmethod
@@ -168,6 +170,15 @@ class PretrainParams(TrainParams):
         if self.max_steps > 0 or self.steps_per_epoch is None:
             return self.max_steps
         return math.ceil(self.steps_per_epoch * self.num_train_epochs)
+
+    @model_validator(mode="after")
+    def _no_adapter(self) -> PretrainParams:
+        if self.peft.method != "none":
+            raise ValueError(
+                f"pretrain.peft.method ({self.peft.method!r}): pretrain trains the base model in full; adapters apply "
+                "to sft, dpo, reward, ppo and grpo (set train.peft or their own peft block); remove pretrain.peft"
+            )
+        return self
 
 
 class SFTParams(TrainParams):

@@ -63,6 +63,13 @@ class VLMParams(TrainParams):
     vision: VisionParams = VisionParams()
 
     @model_validator(mode="after")
+    def _no_adapter(self) -> VLMParams:
+        if self.peft.method != "none":
+            raise ValueError(f"vlm.peft.method ({self.peft.method!r}): vlm trains its parts in full (vlm.freeze_* "
+                             "chooses which); adapters on its language model are not built yet; remove vlm.peft")
+        return self
+
+    @model_validator(mode="after")
     def _something_trains(self) -> VLMParams:
         if self.freeze_vision_tower and self.freeze_projector and self.freeze_language_model:
             raise ValueError("vlm: freeze_vision_tower, freeze_projector and freeze_language_model are all true, so "

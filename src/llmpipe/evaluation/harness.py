@@ -7,7 +7,6 @@ The model is loaded by lm-eval's own `HFLM` from the directory path, exactly as
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -76,7 +75,9 @@ def quiet_lm_eval() -> Iterator[None]:
 
 def context_length(model_dir: Path, requested: int) -> int:
     """`requested` tokens, capped at the model's ``max_position_embeddings`` (RoPE beyond it is untrained)."""
-    config = json.loads((model_dir / "config.json").read_text())
+    from llmpipe.models import model_config
+
+    config = model_config(model_dir)
     limit = config.get("max_position_embeddings") or requested
     if requested > limit:
         log.warning("eval.max_length %d exceeds %s's max_position_embeddings %d; scoring with %d",
@@ -109,10 +110,17 @@ def evaluate(
 
     from llmpipe.evaluation.counting import CountingHFLM
 
+    from llmpipe.models import ADAPTER_CONFIG, load_model
+
     model_dir = Path(model_dir)
+    pretrained: Any = str(model_dir)
+    if (model_dir / ADAPTER_CONFIG).exists() and not (model_dir / "config.json").exists():
+        # an adapter (peft.merge: false) over a base that may itself be one: loaded by llmpipe, merged where it can
+        pretrained = load_model(model_dir, "rerun the stage that made it", trust_remote_code=trust_remote_code)
+        pretrained.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     with quiet_lm_eval():
         lm = CountingHFLM(
-            pretrained=str(model_dir),
+            pretrained=pretrained,
             tokenizer=str(model_dir),
             batch_size=cfg.batch_size,
             max_length=context_length(model_dir, cfg.max_length),

@@ -46,6 +46,7 @@ class Stage:
         one_process: Why the stage cannot run under a multi-process strategy yet; None when it can.
         loads_models: Whether it loads model or tokenizer folders (``--trust-remote-code`` applies).
         kl_unit: For an RL stage, the unit of its ``kl_final`` metric (the report prints it).
+        adapters: Whether the stage's section inherits ``train.peft`` (a fine-tuning stage: adapters apply).
     """
 
     name: str
@@ -58,9 +59,11 @@ class Stage:
     one_process: str | None = None
     loads_models: bool = True
     kl_unit: str | None = None
+    adapters: bool = False
 
 
 def _training(name: str, section: type[Section], description: str, *inputs: str, **traits: Any) -> Stage:
+    traits.setdefault("adapters", True)
     return Stage(name, "training", description, section, inputs, f"${{paths.models}}/{name}", **traits)
 
 
@@ -74,7 +77,7 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
     Stage("baseline", "data", "Save an untrained (random-init) model of the configured shape: the evaluation "
           "baseline.", inputs=("${paths.tokenizer}",)),
     _training("pretrain", PretrainParams, "Causal-LM pretraining of a Llama model on packed token blocks.",
-              "${paths.data}/tokens/train", "${paths.data}/tokens/validation", "${paths.tokenizer}"),
+              "${paths.data}/tokens/train", "${paths.data}/tokens/validation", "${paths.tokenizer}", adapters=False),
     _training("sft", SFTParams, "Supervised fine-tuning on chat pairs (TRL SFTTrainer), loss on assistant turns.",
               "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/pretrain"),
     _training("dpo", DPOParams, "Preference tuning from the SFT model by dpo.method: DPO, KTO, ORPO, SimPO or CPO (TRL).",
@@ -91,7 +94,7 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
               best_metric=("eval_reward", True), kl_unit="nats per token"),
     _training("vlm", VLMParams, "LLaVA vision-language model on the SFT model (TRL SFTTrainer) from image "
               "questions; held-out accuracy by question type.", "${paths.data}/vlm", "${paths.tokenizer}",
-              "${paths.models}/sft", one_process="not yet tried under several processes"),
+              "${paths.models}/sft", one_process="not yet tried under several processes", adapters=False),
     Stage("evaluate", "evaluation", "lm-evaluation-harness on one model (--model NAME).",
           inputs=("${paths.data}/eval", "${paths.models}/${item.model}")),
     Stage("report", "report", "The report card reports/report.{md,html}: checks, costs, results across stages, "
@@ -111,6 +114,9 @@ def of_kind(*kinds: Kind) -> tuple[str, ...]:
 
 TRAINING_TASKS = of_kind("training")
 """Stages whose section inherits ``train:``, that checkpoint and resume, and take the hand-run overrides."""
+
+ADAPTER_TASKS = tuple(name for name, s in REGISTRY.items() if s.adapters)
+"""Training stages that inherit ``train.peft`` (pretrain trains its model in full)."""
 
 DVC_STAGES = tuple(name for name, s in REGISTRY.items() if s.kind != "hand")
 """Stages with a stage of their own in dvc.yaml (``evaluate`` as the matrix ``evaluate@<model>``)."""

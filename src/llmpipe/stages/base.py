@@ -7,6 +7,7 @@ in one order (:meth:`~TrainerStage.run`):
 1. load the tokenizer (``paths.tokenizer``);
 2. (``data_first`` stages) load and check the datasets;
 3. load the input model (its missing folder names the stage to run), refuse one trained with another tokenizer;
+   wrap it as ``peft:`` says (`llmpipe.train.adapters`: an adapter, BitFit, or as it is);
 4. open the run (`llmpipe.train.checkpoints.open_run`: the checkpoint folder, hashing the registry's inputs);
 5. load and check the datasets; build the trainer with the stage's callbacks (`llmpipe.train.hooks`: progress,
    TensorBoard, samples of :meth:`~TrainerStage.samples`, the users'); check the prepared data;
@@ -26,6 +27,7 @@ from typing import Any, ClassVar
 from llmpipe.config import Params
 from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
 from llmpipe.stages import REGISTRY, input_paths
+from llmpipe.train import adapters
 from llmpipe.train.checkpoints import ResumeRequest, open_run
 from llmpipe.train.loop import train_stage
 
@@ -60,6 +62,8 @@ class TrainerStage(ABC):
 
     name: ClassVar[str]
     data_first: ClassVar[bool] = False
+    task_type: ClassVar[str] = "CAUSAL_LM"
+    """peft's task type of the trained model (reward: ``SEQ_CLS``, so its score head trains in full)."""
 
     def __init__(self, params: Params, trust_remote_code: bool = False) -> None:
         self.params, self.cfg, self.trust_remote_code = params, params.stage(self.name), trust_remote_code
@@ -107,13 +111,20 @@ class TrainerStage(ABC):
         config = generation_config(self.tokenizer, self.cfg.eval_max_new_tokens)
         prompts = stage_prompts(self.cfg, self.tokenizer, self.data / "validation.jsonl")
         return prompts, model_generate(self.tokenizer, config)
+
     def saved_with(self):
         """What is saved beside the model in ``models/<name>`` (the tokenizer; a processor for a model of images)."""
         return self.tokenizer
 
-    def load_model(self):
-        """The model to train, from :attr:`base` (raises UserError naming the stage to run when it is missing)."""
-        return load_model(self.base, self.missing_base, trust_remote_code=self.trust_remote_code)
+    def load_model(self, **kwargs):
+        """The model to train, from :attr:`base` (raises UserError naming the stage to run when it is missing);
+        `kwargs` go to `from_pretrained` (QLoRA's quantization config)."""
+        return load_model(self.base, self.missing_base, trust_remote_code=self.trust_remote_code, **kwargs)
+
+    @property
+    def adapter(self) -> bool:
+        """Whether the stage trains a peft adapter (its reference, where it has one, is the adapter-disabled model)."""
+        return self.cfg.peft.method not in ("none", "bitfit")
 
     # --- the run ----------------------------------------------------------------------------------------------------
 
@@ -145,14 +156,19 @@ class TrainerStage(ABC):
         params = self.params
         self.tokenizer = load_tokenizer(params.paths.tokenizer, self.trust_remote_code)
         early = self._datasets() if self.data_first else None
-        model = self.load_model()
+        peft = self.cfg.peft
+        model = self.load_model(**adapters.load_kwargs(peft, self.name))
         check_same_tokenizer(self.base, self.tokenizer, params.paths.tokenizer)
+        model = adapters.wrap(model, peft, self.name, self.base, self.task_type, self.cfg.max_steps,
+                               self.cfg.seed)  # fmt: skip
         run = open_run(params, self.name, self.inputs(), resume)
         train, valid, counts = early or self._datasets()
         callbacks = [trainer_hooks(params, self.name, run.path, self.tokenizer, self.samples())]
+        if peft.method == "adalora":
+            callbacks.append(adapters.adalora_callback())
         trainer = self.make_trainer(model, self.config(run.path), train, valid, callbacks)
         counts |= self.check_trainer(trainer, len(train), len(valid))
-        metrics = train_stage(trainer, params, self.name, run, self.saved_with())
+        metrics = train_stage(trainer, params, self.name, run, self.saved_with(), load_base=self.load_model)
         metrics.update(counts)
         metrics.update(self.extra_metrics(trainer, metrics))
         return metrics

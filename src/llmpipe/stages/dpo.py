@@ -167,7 +167,8 @@ class DPO(TrainerStage):
     def make_trainer(self, model, args, train, valid, callbacks: list):
         common = {"model": model, "args": args, "train_dataset": train, "eval_dataset": valid,
                   "processing_class": self.tokenizer, "callbacks": callbacks}  # fmt: skip
-        if self.cfg.method not in REFERENCE_FREE:
+        if self.cfg.method not in REFERENCE_FREE and not self.adapter:
+            # with an adapter, TRL keeps the reference in the same weights (llmpipe.train.adapters): no second copy
             common["ref_model"] = self.load_model()
         return trainer_class(self.cfg.method)(**common)
 

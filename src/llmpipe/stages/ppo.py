@@ -15,10 +15,11 @@ from llmpipe.callbacks import RunInfo
 from llmpipe.config import Params
 from llmpipe.core.errors import UserError
 from llmpipe.data.tokens import token_blocks
-from llmpipe.models import check_model_dir, count_parameters, load_tokenizer, save_model
+from llmpipe.models import check_model_dir, count_parameters, load_model, load_tokenizer
 from llmpipe.rl.ppo import loop
 from llmpipe.rl.ppo.build import REWARD_MISSING, build
 from llmpipe.rl.prompts import load_prompts
+from llmpipe.train import adapters
 from llmpipe.train.callbacks import write_ledger
 from llmpipe.train.checkpoints import ResumeRequest, open_run
 from llmpipe.train.loop import write_plots
@@ -111,7 +112,9 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     if profiler is not None:
         profiler.stop()
 
-    save_model(ppo.accelerator.unwrap_model(ppo.policy), tokenizer, paths.out(paths.models, "ppo"))
+    missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
+    adapters.save(ppo.accelerator.unwrap_model(ppo.policy), tokenizer, paths.out(paths.models, "ppo"), cfg.peft.merge,
+                  lambda: load_model(policy_dir, missing, trust_remote_code=trust_remote_code))  # fmt: skip
     write_plots(state["log_history"], paths.out(paths.logs, "ppo"))
     write_ledger([[i + 1, h["sha"]] for i, h in enumerate(state["history"])], paths.out(paths.logs, "ppo"))
     return loop.summary(ppo, state, resumed_step)

@@ -106,16 +106,18 @@ class Reward(TrainerStage):
     """models/sft + a new score head → models/reward on data/preference with TRL's `RewardTrainer`."""
 
     name = "reward"
+    task_type = "SEQ_CLS"
 
     def config(self, run_dir: Path):
         return reward_config(self.params, run_dir)
 
-    def load_model(self):
+    def load_model(self, **kwargs):
         """The SFT model with a new one-output score head, initialised from ``reward.seed``."""
         from transformers import set_seed
 
         set_seed(self.cfg.seed)  # the score head is initialised at load
-        return load_model(self.base, self.missing_base, num_labels=1, trust_remote_code=self.trust_remote_code)
+        return load_model(self.base, self.missing_base, num_labels=1, trust_remote_code=self.trust_remote_code,
+                          **kwargs)  # fmt: skip
 
     def samples(self):
         """None: a reward model scores, it does not generate."""

@@ -20,7 +20,7 @@ from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_file
 from llmpipe.distributed.agreement import ranks_agree
 from llmpipe.distributed.launch import check_world
-from llmpipe.models import count_parameters, save_model
+from llmpipe.models import count_parameters
 from llmpipe.train.checkpoints import Run
 from llmpipe.train.trackers import hold_run_end
 
@@ -47,17 +47,20 @@ def write_plots(log_history: list[dict[str, Any]], log_dir: Path) -> None:
             writer.writerows(rows)
 
 
-def consolidated_save(trainer, tokenizer, final: Path) -> None:
+def consolidated_save(trainer, tokenizer, final: Path, merge: bool = True, load_base=None) -> None:
     """Save the trained model as one standard HF directory, whatever the strategy (called on every rank).
 
     Under FSDP the full state dict is gathered from the shards, under DeepSpeed ZeRO-3 the 16-bit weights
     (``stage3_gather_16bit_weights_on_model_save``); both are collectives, so every rank takes part and
-    rank 0 writes.
+    rank 0 writes. A peft model is saved as its adapter, merged (`merge`) into a fresh copy of the input model
+    that `load_base` loads (`llmpipe.train.adapters.save`): the gathered state dict holds every rank's shard of it.
     """
+    from llmpipe.train import adapters
+
     acc = trainer.accelerator
     state_dict = acc.get_state_dict(trainer.model_wrapped if trainer.is_deepspeed_enabled else trainer.model)
     if trainer.is_world_process_zero():
-        save_model(acc.unwrap_model(trainer.model), tokenizer, final, state_dict=state_dict)
+        adapters.save(acc.unwrap_model(trainer.model), tokenizer, final, merge, load_base, state_dict=state_dict)
 
 
 def _finished_run(trainer, params: Params, stage: str, run: Run) -> bool:
@@ -82,11 +85,14 @@ def _finished_run(trainer, params: Params, stage: str, run: Run) -> bool:
     return params.distributed.strategy not in ("fsdp", "deepspeed")
 
 
-def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dict[str, float]:
+def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_base=None) -> dict[str, float]:
     """Train (resuming `run.resume` when set), save the final model, return metrics.
 
     The final model goes to ``models/<stage>`` atomically, before the final evaluation (a crash there loses no
     weights); the per-step logs and the batch ledger to ``logs/<stage>/``.
+
+    Args:
+        load_base: Loads the stage's input model afresh (an adapter is merged into it on save).
 
     Raises:
         UserError: The checkpoint named by ``--resume-from`` is past the stage's `max_steps` (from a longer run).
@@ -97,7 +103,7 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
         validation), ``steps``, ``tokens_per_s``
         (mean over logged steps), ``peak_memory_gb`` (this process, see `throughput.peak_memory_gb`), ``mfu``
         (mean over logged steps; only on a device with a known peak), ``resumed_from_step`` (0 for a fresh
-        run), ``num_parameters``.
+        run), ``num_parameters``, ``num_trainable_parameters`` (an adapter's, as peft counts them).
     """
     # Imported here, not at the top: the callbacks subclass transformers' TrainerCallback, whose module imports
     # peft (when installed) and with it most of transformers, so a stage module would take seconds to import.
@@ -124,6 +130,7 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
         trainer.add_callback(ProfilerCallback(params.profile, params.paths.out(params.paths.logs, stage, "profile")))
     world = check_world(params, trainer.accelerator)
     num_parameters = count_parameters(trainer.model)  # before sharding wraps it
+    num_trainable = count_parameters(trainer.model, trainable_only=True)
     if run.resume:
         log.info("%s: resuming from %s (step %d)", stage, run.resume, run.resumed_step)
     else:
@@ -148,7 +155,8 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
         ledger.restore(trainer.state)
     else:
         trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
-    consolidated_save(trainer, tokenizer, params.paths.out(params.paths.models, stage))  # before evaluating
+    final = params.paths.out(params.paths.models, stage)
+    consolidated_save(trainer, tokenizer, final, params.stage(stage).peft.merge, load_base)  # before evaluating
     if params.distributed.strategy == "ddp" and world["world_size"] > 1:
         agree, diff = ranks_agree(trainer.accelerator, trainer.model)
         if not agree:
@@ -172,5 +180,6 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer) -> dic
         **({"mfu": round(sum(mfus) / len(mfus), 5)} if mfus else {}),
         "resumed_from_step": run.resumed_step,
         "num_parameters": num_parameters,
+        "num_trainable_parameters": num_trainable,
         **world,
     }

@@ -1,5 +1,7 @@
 """A PPO run assembled on an `Accelerator`: policy and frozen reference from models/<policy>, value and reward
-models from models/reward, one optimizer and schedule.
+models from models/reward, one optimizer and schedule. With a `ppo.peft` adapter, policy and value model each train
+their own adapter (the value model's `score` head in full) and the reference is the policy with its adapter
+disabled: one copy of the policy's weights.
 
 The value model and the reward model are one-label `AutoModelForSequenceClassification` models from
 models/reward, whose backbone and `score` head run on every position (a value per token; the reward is the score
@@ -20,10 +22,11 @@ from llmpipe.config import Params, PPOParams
 from llmpipe.core.errors import UserError
 from llmpipe.data.tokens import PackedBlocks
 from llmpipe.distributed.launch import check_world
-from llmpipe.models import check_same_tokenizer, load_model, load_pretrained
+from llmpipe.models import ADAPTER_CONFIG, check_same_tokenizer, load_model, load_pretrained
 from llmpipe.rl.ppo.loop import PPORun, prompts_per_step
 from llmpipe.rl.ppo.losses import RunningMeanStd
 from llmpipe.rl.prompts import IndexStream, Prompts
+from llmpipe.train import adapters
 from llmpipe.train.arguments import resolve_precision, training_kwargs
 from llmpipe.train.optimizers import muon_with_adamw, schedule_kwargs
 
@@ -42,7 +45,10 @@ def load_value_model(path: Path, trust_remote_code: bool = False):
     """
     from transformers import AutoModelForSequenceClassification
 
-    model = load_pretrained(AutoModelForSequenceClassification, path, REWARD_MISSING, trust_remote_code)
+    if (Path(path) / ADAPTER_CONFIG).exists():  # a reward adapter (reward.peft.merge: false) over its base
+        model = load_model(path, REWARD_MISSING, num_labels=1, trust_remote_code=trust_remote_code)
+    else:
+        model = load_pretrained(AutoModelForSequenceClassification, path, REWARD_MISSING, trust_remote_code)
     if model.config.num_labels != 1 or not hasattr(model, "score"):
         raise UserError(f"{path}: expected a one-label sequence-classification model with a `score` head")
     return model
@@ -107,8 +113,10 @@ def build(
     set_seed(cfg.seed)
     policy_dir = Path(paths.models, cfg.policy)
     missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
-    policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code)
-    ref_policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code)
+    peft = cfg.peft
+    policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code, **adapters.load_kwargs(peft, "ppo"))
+    adapter = peft.method not in ("none", "bitfit")  # the reference is then the policy with its adapter disabled
+    ref_policy = None if adapter else load_model(policy_dir, missing, trust_remote_code=trust_remote_code)
     if cfg.max_length > policy.config.max_position_embeddings:
         raise UserError(
             f"ppo.max_length ({cfg.max_length}) exceeds the max_position_embeddings of {policy_dir} "
@@ -117,6 +125,8 @@ def build(
     value_model = load_value_model(Path(paths.models, "reward"), trust_remote_code)
     for model_dir in (policy_dir, Path(paths.models, "reward")):
         check_same_tokenizer(model_dir, tokenizer, paths.tokenizer)
+    policy = adapters.wrap(policy, peft, "ppo", policy_dir, "CAUSAL_LM", seed=cfg.seed)
+    value_model = adapters.wrap(value_model, peft, "ppo", Path(paths.models, "reward"), "SEQ_CLS", seed=cfg.seed)
     reward_model = load_value_model(Path(paths.models, "reward"), trust_remote_code) if cfg.reward_model else None
     if params.distributed.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
@@ -134,6 +144,8 @@ def build(
         if frozen is not None:
             frozen.eval().requires_grad_(False).to(accelerator.device)
     policy, value_model, optimizer, scheduler = accelerator.prepare(policy, value_model, optimizer, scheduler)
+    if adapter:
+        ref_policy = adapters.DisabledAdapter(policy, accelerator)
     run = PPORun(
         cfg=cfg, accelerator=accelerator, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy,
         value_model=value_model, reward_model=reward_model, optimizer=optimizer, scheduler=scheduler,

@@ -39,7 +39,9 @@ def position_ids(attention_mask: Tensor) -> Tensor:
 
 
 def hidden_states(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """Last hidden states ``(B, L, H)`` of a sequence-classification model's backbone."""
+    """Last hidden states ``(B, L, H)`` of a sequence-classification model's backbone (a peft model's: its LoRA or
+    IA³ layers sit inside the backbone)."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
     backbone = getattr(model, model.base_model_prefix)
     out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
     return out.last_hidden_state
