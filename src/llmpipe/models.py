@@ -1,5 +1,8 @@
-"""Build a transformers causal LM from ``model:`` params, or load a saved one; save models as standard
-Hugging Face directories (safetensors + config + tokenizer with its chat template).
+"""Build a transformers causal LM from ``model:`` params, or load a saved one (or ``model.init_from``); save models as
+standard Hugging Face directories (safetensors + config + tokenizer with its chat template).
+
+A model folder may be a pointer to ``model.init_from`` instead (`llmpipe.model_source`): every loader here
+resolves it, so a stage, the baseline and evaluation read a pointer and a full folder alike.
 
 Safe loading: every model and tokenizer folder the pipeline reads goes through :func:`load_model` /
 :func:`load_tokenizer` (or :func:`load_pretrained`), which refuse, unless the caller trusts the folder
@@ -23,6 +26,7 @@ from typing import Any
 from llmpipe.config import ModelParams
 from llmpipe.core.errors import UserError, root_cause
 from llmpipe.core.io import atomic_dir, safetensors_problem
+from llmpipe.model_source import attn_kwargs, checked_source, read_pointer, weights_dir
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +65,43 @@ def build_model(cfg: ModelParams, tokenizer):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **attn_kwargs(cfg.attn_implementation),
     )
     torch.manual_seed(cfg.init_seed)
     return LlamaForCausalLM(config)
+
+
+def init_model(cfg: ModelParams, tokenizer, trust_remote_code: bool = False):
+    """The model the pipeline starts from: :func:`build_model` for ``init_from: scratch``, else the
+    ``model.init_from`` model, checked (architecture, vocabulary) and fitted to the pipeline tokenizer.
+
+    Args:
+        cfg: ``model`` params.
+        tokenizer: The pipeline tokenizer (for a loaded model: the one the tokenizer stage adopted from it).
+        trust_remote_code: Let pickled weights and ``auto_map`` code through.
+
+    Raises:
+        UserError: The source cannot be found, transformers cannot load its architecture, or its vocabulary does
+            not match the tokenizer (each names ``model.init_from``); ``model.attn_implementation`` is unavailable.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if cfg.scratch:
+        return build_model(cfg, tokenizer)
+    source = checked_source(cfg, tokenizer, trust_remote_code)
+    model = load_pretrained(AutoModelForCausalLM, source, "model.init_from: give a saved model folder",
+                            trust_remote_code, **attn_kwargs(cfg.attn_implementation))
+    return fit_embeddings(model, len(tokenizer))
+
+
+def fit_embeddings(model, num_tokens: int):
+    """`model` with at least `num_tokens` embedding rows: rows for the tokens the tokenizer stage added to an adopted
+    tokenizer (a pad token, role tokens), initialised at the mean of the others (transformers' `mean_resizing`)."""
+    if model.get_input_embeddings().num_embeddings < num_tokens:
+        log.info("resizing the embedding from %d to %d rows for the tokens the pipeline tokenizer adds",
+                 model.get_input_embeddings().num_embeddings, num_tokens)
+        model.resize_token_embeddings(num_tokens, mean_resizing=True)
+    return model
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -108,7 +146,7 @@ def check_model_dir(path: str | Path, what: str, trust_remote_code: bool = False
         UserError: No ``config.json``, a broken one, an untrusted ``auto_map``, no weights, a truncated
             safetensors file, or (untrusted) weights only as pickles; the message names the file and the fix.
     """
-    path = Path(path)
+    path = weights_dir(path)
     config = path / "config.json"
     if not config.exists():
         raise UserError(f"{path}: no model there; {what}")
@@ -144,40 +182,47 @@ def load_pretrained(auto_class, path: str | Path, what: str, trust_remote_code: 
 
     Args:
         auto_class: A transformers auto class, e.g. `AutoModelForSequenceClassification`.
-        path: A `save_pretrained` directory.
+        path: A `save_pretrained` directory, or a pointer to ``model.init_from`` (loaded from there, its embedding
+            resized to the pointer's ``vocab_size``).
         what: The fix to name when it is missing.
         trust_remote_code: Let pickled weights and ``auto_map`` code through.
-        **kwargs: More `from_pretrained` keywords (e.g. ``num_labels``).
+        **kwargs: More `from_pretrained` keywords (e.g. ``num_labels``, ``attn_implementation``).
 
     Raises:
         UserError: The folder fails :func:`check_model_dir`, or transformers cannot load it (one line).
     """
     check_model_dir(path, what, trust_remote_code)
+    pointer, source = read_pointer(path), weights_dir(path)
     try:
-        return auto_class.from_pretrained(path, **pretrained_kwargs(trust_remote_code), **kwargs)
+        model = auto_class.from_pretrained(source, **pretrained_kwargs(trust_remote_code), **kwargs)
     except (OSError, ValueError) as err:  # transformers' errors for folders it cannot read
         raise UserError(f"{path}: cannot load the model: {root_cause(err)}") from None
+    return model if pointer is None else fit_embeddings(model, pointer["vocab_size"])
 
 
-def load_model(path: str | Path, what: str, num_labels: int | None = None, trust_remote_code: bool = False):
+def load_model(path: str | Path, what: str, num_labels: int | None = None, trust_remote_code: bool = False,
+               attn_implementation: str | None = None):
     """Load a saved model from a directory: a causal LM, or with `num_labels` a sequence classifier.
 
     Args:
-        path: A `save_pretrained` directory.
+        path: A `save_pretrained` directory, or a pointer to ``model.init_from`` (:func:`load_pretrained`).
         what: The fix to name when it is missing, e.g. "run the sft stage first (dvc repro sft)".
         num_labels: Load `AutoModelForSequenceClassification` with this many outputs (1 for a reward model);
             from a causal LM the score head is new and initialised from the torch RNG, so seed first.
         trust_remote_code: Let pickled weights and ``auto_map`` code through (``--trust-remote-code``).
+        attn_implementation: ``model.attn_implementation``; None = transformers' default.
 
     Raises:
         UserError: The directory is missing (names the stage that makes it), or is refused or unreadable
-            (see :func:`load_pretrained`).
+            (see :func:`load_pretrained`), or the attention implementation is unavailable here.
     """
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    attn = attn_kwargs(attn_implementation) if attn_implementation else {}
     if num_labels is None:
-        return load_pretrained(AutoModelForCausalLM, path, what, trust_remote_code)
-    return load_pretrained(AutoModelForSequenceClassification, path, what, trust_remote_code, num_labels=num_labels)
+        return load_pretrained(AutoModelForCausalLM, path, what, trust_remote_code, **attn)
+    return load_pretrained(AutoModelForSequenceClassification, path, what, trust_remote_code, num_labels=num_labels,
+                           **attn)
 
 
 def check_tokenizer_configs(path: Path, trust_remote_code: bool) -> None:

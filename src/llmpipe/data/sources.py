@@ -77,6 +77,8 @@ def _load_all(data: DataParams) -> _Loaded:
 
             docs = sample(data, data.stream.sample_documents, cache)
             hub_texts += [d["text"] for d in docs]
+        elif data.source == "local" and data.local.pretrain is None:  # nothing is pretrained (config/params.py)
+            docs = []
         elif data.source == "local":
             read.append(find_files(data.local.pretrain, "data.local.pretrain"))
             docs = pretrain_documents(read[-1], *load_rows(read[-1], cache), data.max_chars_per_document)

@@ -99,8 +99,10 @@ class TrainerStage(ABC):
         return {}
 
     def load_model(self):
-        """The model to train, from :attr:`base` (raises UserError naming the stage to run when it is missing)."""
-        return load_model(self.base, self.missing_base, trust_remote_code=self.trust_remote_code)
+        """The model to train, from :attr:`base` (raises UserError naming the stage to run when it is missing); a
+        pointer there (``pretrain.enabled: false``) loads ``model.init_from``."""
+        return load_model(self.base, self.missing_base, trust_remote_code=self.trust_remote_code,
+                          attn_implementation=self.params.model.attn_implementation)
 
     # --- the run ----------------------------------------------------------------------------------------------------
 

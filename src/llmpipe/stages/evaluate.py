@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def model_dir(params: Params, model: str, trust_remote_code: bool = False) -> Path:
-    """The directory of `model`, checked (`llmpipe.models.check_model_dir`: lm-eval loads it by path).
+    """The directory of `model` (or a pointer to ``model.init_from``), checked (`llmpipe.models.check_model_dir`).
 
     Raises:
         UserError: `model` is not in ``eval.models``, or its directory holds no model yet or is refused
@@ -39,7 +39,7 @@ def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str
     """Evaluate ``<paths.models>/<model>`` on ``eval.tasks``.
 
     Args:
-        params: Validated params; reads ``paths`` and ``eval``.
+        params: Validated params; reads ``paths``, ``eval`` and ``model.attn_implementation``.
         model: A name in ``eval.models``.
         trust_remote_code: Load a model folder with pickled weights or ``auto_map`` code
             (``--trust-remote-code``); passed on to lm-eval's loader.
@@ -75,5 +75,6 @@ def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str
         metrics |= {f"{name}.num_too_long": float(too_long) for name, (_, too_long) in counts.items()}
         if names:
             manager = harness.task_manager(names, work)
-            metrics |= harness.evaluate(path, names, manager, params.eval, trust_remote_code)
+            metrics |= harness.evaluate(path, names, manager, params.eval, trust_remote_code,
+                                        params.model.attn_implementation)
     return metrics

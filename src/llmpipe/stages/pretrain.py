@@ -1,4 +1,6 @@
-"""`pretrain` stage: causal-LM training of a Llama model built from ``model:`` params on packed token blocks.
+"""`pretrain` stage: causal-LM training of a Llama model built from ``model:`` params — or continued pretraining of
+``model.init_from`` — on packed token blocks. With ``pretrain.enabled: false`` it trains nothing and writes a pointer
+to ``model.init_from`` (`llmpipe.model_source`), so sft starts from the given model without a copy of it.
 
 The `tokenize` stage has tokenized the documents once, joined with eos, into ``<paths.data>/tokens/``; this
 stage memory-maps those ids and cuts them into blocks of ``max_length`` tokens (GPT-2 style packing), so no
@@ -18,7 +20,8 @@ from pathlib import Path
 from llmpipe.config import Params
 from llmpipe.core.errors import UserError
 from llmpipe.data.tokens import PackedBlocks, token_blocks
-from llmpipe.models import build_model, count_parameters, load_tokenizer
+from llmpipe.model_source import write_pointer
+from llmpipe.models import count_parameters, init_model, load_tokenizer
 from llmpipe.train.arguments import training_kwargs
 from llmpipe.train.checkpoints import ResumeRequest, open_run
 from llmpipe.train.loop import tensorboard_callback, train_stage
@@ -59,7 +62,8 @@ def inputs(params: Params) -> list[Path]:
 
 
 def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
-    """Pretrain from random init; save models/pretrain. Returns losses, steps, tokens/s (see `train_stage`).
+    """Pretrain from random init or ``model.init_from``; save models/pretrain. Returns losses, steps, tokens/s
+    (see `train_stage`); with ``pretrain.enabled: false``, only the pointer's ``vocab_size``.
 
     Args:
         params: Validated params; reads ``paths``, ``model``, ``pretrain`` and ``distributed``.
@@ -68,12 +72,17 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
 
     Raises:
         UserError: ``pretrain.max_length`` exceeds the model's context, or a token folder is missing, holds less
-            than one block, or was made with another tokenizer than ``paths.tokenizer`` (`data.tokens.read_tokens`).
+            than one block, or was made with another tokenizer than ``paths.tokenizer`` (`data.tokens.read_tokens`);
+            ``model.init_from`` cannot be loaded or does not match the tokenizer (`llmpipe.models.init_model`).
     """
     cfg = params.pretrain
     tokenizer_dir = Path(params.paths.tokenizer)
     tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code)
-    if cfg.max_length > params.model.max_position_embeddings:
+    if not cfg.enabled:
+        pointer = write_pointer(params.paths.out(params.paths.models, "pretrain"), params.model, tokenizer,
+                                trust_remote_code)
+        return {"vocab_size": pointer["vocab_size"]}
+    if params.model.scratch and cfg.max_length > params.model.max_position_embeddings:
         raise UserError(
             f"pretrain.max_length ({cfg.max_length}) exceeds model.max_position_embeddings "
             f"({params.model.max_position_embeddings}); lower one or raise the other"
@@ -83,8 +92,12 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     if not params.data.streaming:
         train = token_blocks(tokens / "train", tokenizer_dir, cfg.max_length, cfg.num_samples)
     valid = token_blocks(tokens / "validation", tokenizer_dir, cfg.max_length, cfg.max_eval_samples)
+    model = init_model(params.model, tokenizer, trust_remote_code)
+    context = getattr(model.config, "max_position_embeddings", None)
+    if context is not None and cfg.max_length > context:
+        raise UserError(f"pretrain.max_length ({cfg.max_length}) exceeds the max_position_embeddings of "
+                        f"model.init_from {params.model.init_from} ({context}); lower pretrain.max_length")
     run = open_run(params, "pretrain", inputs(params), resume)
-    model = build_model(params.model, tokenizer)
     log.info("pretrain: %.2f M parameters", count_parameters(model) / 1e6)
     tensorboard = tensorboard_callback(params.paths.out(params.paths.logs, "pretrain", "tensorboard"))
     if train is not None:

@@ -115,7 +115,8 @@ class Reward(TrainerStage):
         from transformers import set_seed
 
         set_seed(self.cfg.seed)  # the score head is initialised at load
-        return load_model(self.base, self.missing_base, num_labels=1, trust_remote_code=self.trust_remote_code)
+        return load_model(self.base, self.missing_base, num_labels=1, trust_remote_code=self.trust_remote_code,
+                          attn_implementation=self.params.model.attn_implementation)
 
     def datasets(self):
         train = load_split(self.data / "train.jsonl", COLUMNS, self.cfg.num_samples, optional=("margin",))

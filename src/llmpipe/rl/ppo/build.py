@@ -103,8 +103,9 @@ def build(
     set_seed(cfg.seed)
     policy_dir = Path(paths.models, cfg.policy)
     missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
-    policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code)
-    ref_policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code)
+    attn = params.model.attn_implementation
+    policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code, attn_implementation=attn)
+    ref_policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code, attn_implementation=attn)
     if cfg.max_length > policy.config.max_position_embeddings:
         raise UserError(
             f"ppo.max_length ({cfg.max_length}) exceeds the max_position_embeddings of {policy_dir} "
