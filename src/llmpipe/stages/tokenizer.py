@@ -159,7 +159,7 @@ def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:
         tok = load_pretrained(cfg.name_or_path, cfg.model_max_length, trust_remote_code)
     sample = [row["text"] for row in read_jsonl(data / "validation.jsonl")]
     n_chars = sum(len(t) for t in sample)
-    n_tokens = sum(len(ids) for ids in tok(sample, verbose=False)["input_ids"])
+    n_tokens = sum(len(ids) for ids in tok(sample, verbose=False)["input_ids"]) if sample else 0
     with atomic_dir(params.paths.out(params.paths.tokenizer)) as tmp:
         tok.save_pretrained(tmp)
     log.info("tokenizer: %d tokens, %.2f characters per token on validation", len(tok), n_chars / max(n_tokens, 1))
