@@ -39,6 +39,11 @@ class LocalSourceParams(Section):
     pretrain: str | None = Field(
         None, description="Text documents: .txt files, or records with a `text` column; null = no pretraining text."
     )
+    txt_sample_by: Literal["auto", "document", "paragraph"] = Field(
+        "auto",
+        description="How .txt pretraining files become documents: each file whole, or each blank-line-separated "
+        "paragraph; auto = paragraphs of a single file given by itself, whole files of a folder.",
+    )
     sft: str | None = Field(None, description="SFT records in one of the shapes of `sft_format`.")
     preference: str | None = Field(None, description="Preference records in one of the shapes of `preference_format`.")
     sft_format: SFTFormat = Field("auto", description="Shape of the `sft` records; auto = from the columns.")
