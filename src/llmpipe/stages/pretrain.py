@@ -23,8 +23,9 @@ from llmpipe.data.tokens import PackedBlocks, token_blocks
 from llmpipe.model_source import write_pointer
 from llmpipe.models import count_parameters, init_model, load_tokenizer
 from llmpipe.train.arguments import training_kwargs
+from llmpipe.train.callbacks import write_ledger
 from llmpipe.train.checkpoints import ResumeRequest, open_run
-from llmpipe.train.loop import tensorboard_callback, train_stage
+from llmpipe.train.loop import tensorboard_callback, train_stage, write_plots
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,21 @@ def inputs(params: Params) -> list[Path]:
     return [*train, tokens / "validation", Path(params.paths.tokenizer)]
 
 
+def skip(params: Params, tokenizer, trust_remote_code: bool = False) -> dict[str, float]:
+    """``pretrain.enabled: false``: the pointer to ``model.init_from`` as models/pretrain, and the stage's other DVC
+    outputs (logs) empty, as a run of no steps leaves them."""
+    pointer = write_pointer(params.paths.out(params.paths.models, "pretrain"), params.model, tokenizer,
+                            trust_remote_code)
+    logs = params.paths.out(params.paths.logs, "pretrain")
+    (logs / "tensorboard").mkdir(parents=True, exist_ok=True)
+    write_plots([], logs)
+    write_ledger([], logs)
+    return {"steps": 0, "vocab_size": pointer["vocab_size"]}
+
+
 def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
     """Pretrain from random init or ``model.init_from``; save models/pretrain. Returns losses, steps, tokens/s
-    (see `train_stage`); with ``pretrain.enabled: false``, only the pointer's ``vocab_size``.
+    (see `train_stage`); with ``pretrain.enabled: false`` (:func:`skip`), 0 steps and the pointer's ``vocab_size``.
 
     Args:
         params: Validated params; reads ``paths``, ``model``, ``pretrain`` and ``distributed``.
@@ -79,9 +92,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     tokenizer_dir = Path(params.paths.tokenizer)
     tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code)
     if not cfg.enabled:
-        pointer = write_pointer(params.paths.out(params.paths.models, "pretrain"), params.model, tokenizer,
-                                trust_remote_code)
-        return {"vocab_size": pointer["vocab_size"]}
+        return skip(params, tokenizer, trust_remote_code)
     if params.model.scratch and cfg.max_length > params.model.max_position_embeddings:
         raise UserError(
             f"pretrain.max_length ({cfg.max_length}) exceeds model.max_position_embeddings "
