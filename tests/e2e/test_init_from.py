@@ -24,7 +24,7 @@ def overrides() -> dict:
     raw = yaml.safe_load(TINY_PARAMS)
     raw["data"].update(source="local", local={"sft": "raw/alpaca.json", "preference": "raw/pairs.jsonl"})
     raw["model"] = {"init_from": "user_model"}
-    raw["pretrain"] = {**raw["pretrain"], **STEPS, "enabled": False}
+    raw["pretrain"] = {**raw["pretrain"], **STEPS, "enabled": False, "max_length": 64}
     raw["sft"] = {**raw["sft"], **STEPS}
     raw["dpo"] = {**raw["dpo"], **STEPS}
     raw["eval"] = {**raw["eval"], "models": ["baseline", "dpo"], "limit": 4}
@@ -45,7 +45,7 @@ def repo(tmp_path_factory, pipeline_env) -> Path:
     (repo / "raw" / "alpaca.json").write_text(json.dumps(alpaca))
     pairs = [{"prompt": f"Add {i} to x.", "chosen": f"return x + {i}", "rejected": f"return x - {i}"} for i in range(30)]
     (repo / "raw" / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    (repo / "raw" / "notes.txt").write_text("\n\n".join(f"def g{i}(x):\n    return x * {i}\n" * 4 for i in range(30)))
+    (repo / "raw" / "notes.txt").write_text("\n\n".join(f"def g{i}(x):\n    return x * {i}\n" * 24 for i in range(30)))
     return repo
 
 

@@ -94,9 +94,11 @@ def find_files(path: str | Path, key: str, txt_sample_by: str = "document") -> D
     formats = {FORMATS[f.suffix.lower()] for f in files}
     if len(formats) > 1:
         raise UserError(f"{key}: {root} mixes formats ({', '.join(sorted(formats))}); keep one format per dataset")
-    sample_by = ("paragraph" if root.is_file() else "document") if txt_sample_by == "auto" else txt_sample_by
+    fmt = formats.pop()
+    sample_by = txt_sample_by if txt_sample_by != "auto" else "paragraph" if root.is_file() else "document"
+    sample_by = sample_by if fmt == "text" else "document"
     counts = tuple(count_records(f, key, sample_by) for f in files)
-    return DataFiles(key, root, formats.pop(), tuple(files), counts, sample_by)
+    return DataFiles(key, root, fmt, tuple(files), counts, sample_by)
 
 
 def _hidden(rel: Path) -> bool:
