@@ -218,16 +218,6 @@ class DataParams(Section):
                 f"data.stdlib.min_body_lines ({self.stdlib.min_body_lines}) exceeds data.stdlib.max_body_lines "
                 f"({self.stdlib.max_body_lines})"
             )
-        if self.source == "stdlib":  # the stdlib corpus builds its own SFT and preference pairs
-            given = [k for k, v in (("data.local.sft", self.local.sft), ("data.local.preference", self.local.preference),
-                                    ("data.hf_sft.dataset_name", self.hf_sft.dataset_name),
-                                    ("data.hf_preference.dataset_name", self.hf_preference.dataset_name)) if v]
-            if given:
-                raise ValueError(
-                    f"{given[0]} is set but data.source is 'stdlib', which builds its own SFT and preference pairs and "
-                    "would ignore it: set data.source: local (data.local.pretrain may stay null when nothing is "
-                    f"pretrained), or set {given[0]} to null"
-                )
         if self.source == "hf" and self.hf.dataset_name is None:
             raise ValueError(
                 "data.source is 'hf' but neither data.hf.dataset_name nor data.hf.preset is set: give a dataset name, "
@@ -257,6 +247,16 @@ class DataParams(Section):
             if getattr(self.local, kind) is not None and hub.dataset_name is not None:
                 raise ValueError(f"data.local.{kind} and data.hf_{kind}.dataset_name are both set: give one (set the "
                                  "other to null)")
+        if self.source == "stdlib":  # the stdlib corpus builds its own SFT and preference pairs
+            given = [k for k, v in (("data.local.sft", self.local.sft), ("data.local.preference", self.local.preference),
+                                    ("data.hf_sft.dataset_name", self.hf_sft.dataset_name),
+                                    ("data.hf_preference.dataset_name", self.hf_preference.dataset_name)) if v]
+            if given:
+                raise ValueError(
+                    f"{given[0]} is set but data.source is 'stdlib', which builds its own SFT and preference pairs and "
+                    "would ignore it: set data.source: local (data.local.pretrain may stay null when nothing is "
+                    f"pretrained), or set {given[0]} to null"
+                )
         return self
 
 
