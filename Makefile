@@ -21,7 +21,12 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# The offline page template of `dvc plots show` (.dvc/config: plots.html_template): vega inlined from an installed
+# package, so the plots page needs no network.
+.dvc/plots_page.html: $(STAMP)
+	$(VENV)/bin/python -m llmpipe.report.plots_page $@
+
+install: $(STAMP) .dvc/plots_page.html
 
 run: install
 	dvc repro

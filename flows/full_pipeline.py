@@ -37,7 +37,8 @@ from llmpipe.orchestration import experiments
 from llmpipe.orchestration.experiments import check_experiment, dvc, working_copy_path
 from llmpipe.orchestration.plan import PlannedStage, stage_plan
 from llmpipe.orchestration.processes import end_marked_processes, run_command, stage_env
-from llmpipe.orchestration.summary import PipelineResult, StageRun, eval_tables, summary_markdown
+from llmpipe.orchestration.summary import REPORT_STAGE, PipelineResult, StageRun, eval_tables, summary_markdown
+from llmpipe.report.page import markdown_with_images
 
 __all__ = ["full_pipeline", "limit_name", "repository_root", "check_experiment", "stage_plan", "working_copy_path"]
 
@@ -199,14 +200,18 @@ def read_params_diff(workdir: Path) -> dict[str, dict[str, Any]]:
 
 @task(cache_policy=NO_CACHE)
 def publish_artifacts(result: PipelineResult, plan: list[PlannedStage], metrics: dict, params_diff: dict) -> None:
-    """The summary markdown artifact (`full-pipeline-summary`), and a table artifact per evaluation
-    (`eval-<model>`, one row per metric)."""
+    """The summary markdown artifact (`full-pipeline-summary`), the report card (`report-card`, figures embedded)
+    when the run has one, and a table artifact per evaluation (`eval-<model>`, one row per metric)."""
     models_dir = load_params(Path(result.workdir) / "params.yaml").paths.models
     create_markdown_artifact(
         key="full-pipeline-summary",
         markdown=summary_markdown(result, plan, metrics, params_diff, models_dir),
         description=f"full-pipeline: {len(plan)} stages, experiment {result.experiment or '(none: the workspace)'}",
     )
+    cards = [Path(result.workdir, o) for s in plan if s.name == REPORT_STAGE for o in s.outs if o.endswith(".md")]
+    for card in (c for c in cards if c.exists()):
+        create_markdown_artifact(key="report-card", markdown=markdown_with_images(card),
+                                 description=f"the report card ({card.name}), figures embedded")
     for key, rows in eval_tables(plan, metrics).items():
         create_table_artifact(key=key, table=rows, description=f"{key}: lm-eval metrics")
 

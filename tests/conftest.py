@@ -160,3 +160,39 @@ def kill_after_first_checkpoint(proc: subprocess.Popen, checkpoints: Path, timeo
     else:
         proc.send_signal(signal.SIGKILL)
     proc.wait()
+
+
+USER_REWARDS = """
+CALLS = []
+
+def exact_answer(prompts, completions, name, **kwargs):
+    CALLS.append((prompts, completions, name, kwargs))
+    return [0.25 if c[-1]["content"].strip() == "return a + b" else 0.0 for c in completions]
+
+def constant(prompts, completions, **kwargs):
+    CALLS.append(len(completions))
+    return [0.25] * len(completions)
+
+def no_kwargs(prompts, completions):
+    return [0.0] * len(prompts)
+
+async def later(prompts, completions, **kwargs):
+    return [0.0] * len(prompts)
+
+def bad_output(prompts, completions, **kwargs):
+    return [None]
+
+NOT_A_FUNCTION = 3
+"""
+"""A user's reward module (TRL's reward-function signature), good and bad functions; ``CALLS`` records calls."""
+
+
+@pytest.fixture
+def user_reward_module(tmp_path_factory, monkeypatch, request) -> str:
+    """:data:`USER_REWARDS` written to a temp dir put on sys.path; returns its module name, unique per test
+    (Python caches modules by name)."""
+    name = "user_rewards_" + re.sub(r"\W", "_", request.node.nodeid)
+    folder = tmp_path_factory.mktemp("user_rewards")
+    (folder / f"{name}.py").write_text(USER_REWARDS)
+    monkeypatch.syspath_prepend(str(folder))
+    return name

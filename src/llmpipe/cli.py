@@ -25,9 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     tasks = "\n".join(f"  {name:<10} {desc}" for name, desc in ((n, s.description) for n, s in stages.REGISTRY.items()))
     p = argparse.ArgumentParser(
         prog="llm-train",
-        description="Run one llmpipe stage.",
+        description="Run one llmpipe stage (--task NAME), or one of the commands listed below.",
         epilog=f"registered tasks:\n{tasks}\n  lm         alias of pretrain\n"
-        "  stream_lm  alias of pretrain that requires data.streaming: true",
+        "  stream_lm  alias of pretrain that requires data.streaming: true\n\n"
+        "commands: llm-train {chat,generate,inspect,plot-lr,intermediate-size} …  (llm-train COMMAND --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", help="stage to run (see below)")
@@ -102,6 +103,10 @@ def metrics_path(params: Any, task: str, model: str | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, validate params, run the stage, write its metrics. Returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv and not argv[0].startswith("-"):  # llm-train chat|generate|inspect|…: the hand tools, which a stage
+        from llmpipe import commands  # run never imports (so dvc.yaml's code deps leave them out)
+
+        return commands.main(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     if args.list_presets:

@@ -240,6 +240,7 @@ def load_tokenizer(
     path: str | Path,
     trust_remote_code: bool = False,
     what: str = "run the tokenizer stage first (dvc repro tokenizer)",
+    check_pad: bool = True,
 ):
     """Load the pipeline's tokenizer (or a model folder's), checked for a pad token distinct from eos.
 
@@ -247,10 +248,11 @@ def load_tokenizer(
         path: A tokenizer `save_pretrained` directory.
         trust_remote_code: Let an ``auto_map`` in ``tokenizer_config.json`` through (``--trust-remote-code``).
         what: The fix to name when it is missing.
+        check_pad: Apply :func:`check_pad_token` (training); off for generation, which never trains on padding.
 
     Raises:
         UserError: The tokenizer directory is missing, its config is broken or maps to code (untrusted),
-            transformers cannot load it, or its pad token is missing or is the eos token
+            transformers cannot load it, or (`check_pad`) its pad token is missing or is the eos token
             (:func:`check_pad_token`).
     """
     from transformers import AutoTokenizer
@@ -264,7 +266,8 @@ def load_tokenizer(
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise UserError(f"{path}: cannot load the tokenizer: {root_cause(err)}") from None
-    check_pad_token(tokenizer, path)
+    if check_pad:
+        check_pad_token(tokenizer, path)
     return tokenizer
 
 

@@ -245,6 +245,8 @@ def test_served_deployment_runs_every_stage(repo, env, client, served, record_pr
         rows = json.loads(table) if isinstance(table, str) else table
         assert rows and {"metric", "value"} <= set(rows[0])
     assert (repo / "reports" / "report.md").exists() and (repo / "dvc.lock").exists()
+    card = found["report-card"].data
+    assert card.startswith("# llmpipe report") and "](data:image/png;base64," in card, "the card, figures embedded"
 
 
 def test_second_run_does_nothing(repo, env, client, served, record_property):

@@ -26,8 +26,10 @@ from llmpipe.core.io import write_jsonl
 from llmpipe.data.corrupt import CORRUPTIONS
 from llmpipe.evaluation.harness import flatten
 from llmpipe.evaluation.hooks import distinct_share, generation_score, preference_accuracy
+from llmpipe.evaluation.options import check_fewshot
 from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks
 from llmpipe.models import build_model, load_tokenizer, save_model
+from llmpipe.report import tables
 from llmpipe.stages import evaluate, report
 from llmpipe.stages.tokenizer import train_bpe
 
@@ -82,7 +84,7 @@ def write_eval_sets(eval_dir: Path, signature_mc: bool = True) -> None:
 
 def make_params(root: Path, **eval_overrides: Any):
     raw = {
-        "paths": {name: str(root / name) for name in ("data", "models", "metrics", "reports")},
+        "paths": {name: str(root / name) for name in ("data", "models", "metrics", "reports", "logs")},
         "eval": {**EVAL, **eval_overrides},
     }
     return raw, parse_params(raw)
@@ -307,7 +309,8 @@ def test_report_passing(tmp_path):
     _, params = make_params(tmp_path, models=["baseline", "pretrain", "sft", "dpo"])
     metrics = report.run(params)
     assert metrics == {"check_pretrain_bpb_ratio": 0.5, "check_sft_chat_bpb_delta": -0.5,
-                       "check_dpo_preference_acc_norm_delta": pytest.approx(0.15), "num_checks": 3, "num_checks_passed": 3}
+                       "check_dpo_preference_acc_norm_delta": pytest.approx(0.15), "num_checks": 3, "num_checks_passed": 3,
+                       "cost_sft_bpb_ratio": pytest.approx(1.05), "cost_dpo_bpb_ratio": pytest.approx(2.2 / 2.1)}
     text = (tmp_path / "reports" / "report.md").read_text()
     lines = text.splitlines()
     perplexity = lines[lines.index("### llmpipe_perplexity"):lines.index("### llmpipe_sft_chat")]
@@ -320,7 +323,7 @@ def test_report_passing(tmp_path):
     assert len(checks) == 3 and all(line.startswith("- ✓") for line in checks)
     assert "plain format: pretrain 1.6000 → sft 1.4000" in text
     assert "| prepare | 5.5 |" in text and "| pretrain | 321.0 |" in text and "| evaluate@dpo | 64.0 |" in text
-    assert "| pretrain | 2.5 | 2.25 | 600 | 11234.5 | – |" in text  # training table
+    assert "| pretrain | 321 | 600 | – | 11234.5 | – | – | – | loss 2.25 | – |" in text  # training stages table
     assert "llmpipe_signature_mc" in text and "Skipped: its evaluation set is empty" in text
 
 
@@ -383,6 +386,73 @@ def test_report_on_a_real_evaluation(tiny_root, cli_metrics):
     _, params = make_params(tiny_root)
     assert report.run(params) == {"num_checks": 0, "num_checks_passed": 0}
     text = (tiny_root / "reports" / "report.md").read_text()
-    assert f"| tiny | {report.fmt(cli_metrics['llmpipe_perplexity.bits_per_byte'])} |" in text
+    assert f"| tiny | {tables.fmt(cli_metrics['llmpipe_perplexity.bits_per_byte'])} |" in text
     assert "| evaluate@tiny |" in text
 
+
+
+# --- lm-eval options per task ---------------------------------------------------------------------------------
+
+QA_TASK = """task: {name}
+dataset_path: json
+dataset_kwargs: {{data_files: {{test: {data}}}}}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Q: {{{{question}}}}\\nA:"
+doc_to_target: answer
+doc_to_choice: "{{{{choices}}}}"
+metric_list: [{{metric: acc}}]
+"""
+
+
+@pytest.fixture
+def user_tasks(tmp_path) -> Path:
+    """Two copies of a user's own 4-question multiple-choice lm-eval task (only evaluation documents)."""
+    rows = [{"question": f"{a} + {a}?", "choices": [str(2 * a), str(a)], "answer": 0} for a in range(4)]
+    write_jsonl(tmp_path / "qa.jsonl", rows)
+    for name in ("user_qa", "user_qa_plain"):
+        (tmp_path / f"{name}.yaml").write_text(QA_TASK.format(name=name, data=tmp_path / "qa.jsonl"))
+    return tmp_path
+
+
+def test_task_options_reach_lm_eval_per_task(tiny_root, user_tasks):
+    from lm_eval.tasks import TaskManager
+
+    from llmpipe.evaluation.harness import evaluate as lm_evaluate
+
+    options = {"user_qa": {"num_fewshot": 2, "apply_chat_template": True, "fewshot_as_multiturn": True}}
+    _, params = make_params(tiny_root, tasks=["user_qa", "user_qa_plain"], task_options=options)
+    manager = TaskManager(include_path=str(user_tasks), include_defaults=False)
+    check_fewshot(manager, params.eval.task_options)
+    metrics = lm_evaluate(tiny_root / "models" / "tiny", ["user_qa", "user_qa_plain"], manager, params.eval)
+    assert metrics["user_qa.num_fewshot"] == 2, "lm-eval ran the task 2-shot"
+    assert "user_qa_plain.num_fewshot" not in metrics, "the other task kept its 0-shot default"
+    assert 0 <= metrics["user_qa.acc"] <= 1 and metrics["user_qa.num_docs"] == params.eval.limit
+
+
+def test_a_fewshot_count_the_task_cannot_draw_is_an_error_naming_the_key(tiny_root, user_tasks):
+    from lm_eval.tasks import TaskManager
+
+    _, params = make_params(tiny_root, tasks=["user_qa"], task_options={"user_qa": {"num_fewshot": 4}})
+    manager = TaskManager(include_path=str(user_tasks), include_defaults=False)
+    with pytest.raises(UserError, match=r"eval\.task_options\.user_qa\.num_fewshot: 4 examples, but task user_qa "
+                                        r"draws them from its evaluation documents \(4 documents, minus the one "
+                                        r"scored\); use at most 3"):
+        check_fewshot(manager, params.eval.task_options)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"arc_easy": {"num_fewshot": 5}}, r"eval\.task_options\.arc_easy: not in eval\.tasks"),
+        ({"llmpipe_sft_chat": {"apply_chat_template": True}}, (r"llmpipe_sft_chat\.apply_chat_template: llmpipe "
+                                                               r"tasks render the model's chat format themselves")),
+        ({"llmpipe_perplexity": {"fewshot_as_multiturn": True}}, r"fewshot_as_multiturn needs apply_chat_template"),
+        ({"llmpipe_perplexity": {"num_fewshot": -1}}, r"num_fewshot: Input should be greater than or equal to 0"),
+    ],
+)
+def test_bad_task_options_are_params_errors(options, message):
+    from llmpipe.config import ParamsError
+
+    with pytest.raises(ParamsError, match=message):
+        parse_params({"eval": {"task_options": options}})

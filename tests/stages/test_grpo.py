@@ -88,3 +88,23 @@ def test_grpo_stage_trains_every_parameter(tiny_sft, monkeypatch):
     for key in ("reward_first", "reward_last", "response_length_first", "response_length_last", "kl_final",
                 "frac_zero_std_groups", "eval_reward"):
         assert math.isfinite(metrics[key]), key
+
+
+def test_a_users_reward_function_reaches_the_logged_reward(tiny_sft, user_reward_module, monkeypatch):
+    import importlib
+    from pathlib import Path
+
+    import yaml
+
+    monkeypatch.chdir(tiny_sft)
+    raw = yaml.safe_load(Path("params.yaml").read_text())
+    raw["grpo"].update(max_steps=2, save_steps=2, eval_steps=2, rewards=[{"name": f"{user_reward_module}:constant",
+                                                                            "weight": 2.0}])  # fmt: skip
+    metrics = grpo.run(parse_params(raw))
+
+    calls = importlib.import_module(user_reward_module).CALLS
+    assert calls and set(calls) == {raw["grpo"]["per_device_train_batch_size"]}, "called once per batch of completions"
+    with open("logs/grpo/train.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [float(r["reward"]) for r in rows] == [0.5, 0.5], "weight 2.0 × the function's 0.25"
+    assert metrics["eval_reward"] == 0.5

@@ -274,6 +274,20 @@ def test_ppo_trains_logs_finite_losses_and_changes_every_parameter(workdir, tmp_
 
 
 
+@pytest.mark.slow  # its own 2 steps take ~5 s, but the module's workdir (prepare, tokenizer, tokenize) ~40 s more
+def test_a_users_reward_function_reaches_the_logged_reward(workdir, tmp_path, user_reward_module, monkeypatch):
+    import importlib
+
+    monkeypatch.chdir(workdir)
+    rewards = [{"name": f"{user_reward_module}:constant", "weight": 2.0}]
+    metrics = ppo.run(_params(tmp_path, max_steps=2, reward_model=False, rewards=rewards))
+
+    assert importlib.import_module(user_reward_module).CALLS, "the user's function was called"
+    rows = list(csv.DictReader((tmp_path / "logs" / "ppo" / "train.csv").open()))
+    assert [float(r["reward"]) for r in rows] == [0.5], "weight 2.0 × the function's 0.25, no reward model"
+    assert metrics["eval_reward"] == 0.5
+
+
 # ---- params ----------------------------------------------------------------------------------------------
 
 def test_ppo_params_inherit_train_and_reject_mistakes_by_key():
@@ -283,7 +297,7 @@ def test_ppo_params_inherit_train_and_reject_mistakes_by_key():
         parse_params({"ppo": {"kl_estimator": "k2"}})
     with pytest.raises(ParamsError, match=r"ppo\.normalize_method"):
         parse_params({"ppo": {"normalize_method": "ema"}})
-    with pytest.raises(ParamsError, match=r"ppo\.rewards\.0\.name: Input should be 'python_parses'"):
+    with pytest.raises(ParamsError, match=r"ppo\.rewards\.0\.name: 'parses' is neither a built-in reward"):
         parse_params({"ppo": {"rewards": [{"name": "parses"}]}})
     with pytest.raises(ParamsError, match=r"ppo\.generation\.tempreature: unknown key; did you mean 'temperature'"):
         parse_params({"ppo": {"generation": {"tempreature": 0.7}}})

@@ -47,7 +47,7 @@ def test_pack_ids_gives_the_tokenizer_calls_ids_with_eos_after_each_document(wor
     texts += ["", "special tokens in text: <s> </s> <|user|>"]
 
     def expected() -> list[int]:
-        ids = tok(texts, add_special_tokens=False)["input_ids"]
+        ids = tok(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         return [t for doc in ids for t in (*doc, tok.eos_token_id)]
 
     assert pack_ids(texts, tok).dtype == np.int64
@@ -58,6 +58,18 @@ def test_pack_ids_gives_the_tokenizer_calls_ids_with_eos_after_each_document(wor
     finally:
         tok.backend_tokenizer.no_truncation()
     assert pack_ids([], tok).tolist() == []
+
+
+def test_special_token_text_in_a_document_stays_text(tok):
+    """A regex group named `s` in the stdlib corpus (``(?P<s>…)``) and special-token text typed in a file: no bos,
+    eos or role id inside a document, and the text decodes back whole; the tokenizer itself is unchanged."""
+    texts = ["m = re.match(r'(?P<s>a+)</s>', x)", "say <|user|> then <|assistant|> and <pad>"]
+    ids = pack_ids(texts, tok).tolist()
+    control = {tok.convert_tokens_to_ids(t) for t in tok.all_special_tokens}
+    assert [i for i in ids if i in control] == [tok.eos_token_id] * 2, "only the eos after each document"
+    first = ids[: ids.index(tok.eos_token_id)]
+    assert tok.decode(first) == texts[0]
+    assert tok("<s>", add_special_tokens=False)["input_ids"] == [tok.bos_token_id], "the tokenizer itself unchanged"
 
 
 def test_the_stage_wrote_exactly_pack_ids_ids_with_their_metadata(workdir, tok, tok_dir, packed):

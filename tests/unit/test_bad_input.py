@@ -90,7 +90,7 @@ CASES: dict[str, Bad] = {
         "ppo", ("ppo.generation.max_new_tokens (200)", "ppo.max_length (128)"),
         {"ppo": {"generation": {"max_new_tokens": 200}}}, multiline=True),
     "params: unknown reward name": Bad(
-        "grpo", ("grpo.rewards.0.name", "'parsable_prefix'", "'is_good'"),
+        "grpo", ("grpo.rewards.0.name", "parsable_prefix", "'is_good'", "'module.path:function'"),
         {"grpo": {"rewards": [{"name": "is_good", "weight": 1.0}]}}, multiline=True),
     "params: dpo loss weights do not match loss types": Bad(
         "dpo", ("dpo.loss_weights has 1 entries but dpo.loss_type has 2",),

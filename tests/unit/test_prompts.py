@@ -38,7 +38,6 @@ def test_ppo_and_grpo_select_the_same_prompts_and_render_the_system_turn(workdir
 
     prompts = load_prompts(path, tok, 64, None, "ppo.max_length")
     assert prompts.turns == [[USER], [SYSTEM, USER]], "the long prompt is skipped, the system turn kept"
-    assert prompts.texts == [USER["content"]] * 2, "rewards score the user turn"
     rendered = tok.decode(prompts.ids[1])
     assert SYSTEM["content"] in rendered and ANSWER["content"] not in rendered
     assert len(prompts.ids[1]) > len(prompts.ids[0])

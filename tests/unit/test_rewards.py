@@ -74,5 +74,52 @@ def test_params_know_exactly_the_registered_rewards():
 
 
 def test_unknown_reward_name_is_an_error_listing_the_available_ones():
-    with pytest.raises(ValidationError, match=r"name\n.*'python_parses'.*'parsable_prefix'"):
+    with pytest.raises(ValidationError, match=r"name\n.*'python_parse' is neither a built-in reward \(python_parses, "
+                                              r"defines_function, uses_arguments, parsable_prefix\) nor an import path"):
         RewardSpec(name="python_parse")
+
+
+def test_a_users_reward_function_is_called_as_trl_calls_it(user_reward_module):
+    import importlib
+
+    specs = [RewardSpec(name=f"{user_reward_module}:exact_answer", weight=2.0), RewardSpec(name="python_parses")]
+    funcs, weights = trl_reward_functions(specs)
+    assert funcs[0].__name__ == "exact_answer" and weights == [2.0, 1.0]
+    turns = [[{"role": "user", "content": PROMPT}]] * 2
+    got = compute_rewards(specs, turns, ["    return a + b", "    return ("], ["add"] * 2, [[5, 6], [7]])
+    assert got.tolist() == [2 * 0.25 + 1.0, 0.0]
+    (prompts, completions, names, kwargs), = importlib.import_module(user_reward_module).CALLS
+    assert prompts == turns and completions[1] == [{"role": "assistant", "content": "    return ("}]
+    assert names == ["add", "add"] and kwargs["completion_ids"] == [[5, 6], [7]]
+    assert {"trainer_state", "log_extra", "log_metric"} <= kwargs.keys()
+
+
+def test_a_users_reward_function_must_return_one_number_per_completion(user_reward_module):
+    with pytest.raises(ValueError, match=r"bad_output returned \[None\]: it must return one number per completion"):
+        compute_rewards([RewardSpec(name=f"{user_reward_module}:bad_output")], [PROMPT] * 2, [GOOD] * 2, ["add"] * 2)
+
+
+@pytest.mark.parametrize(
+    ("attribute", "message"),
+    [
+        ("missing", r"has no attribute 'missing'"),
+        ("NOT_A_FUNCTION", r"is a int, not a function"),
+        ("no_kwargs", (r"cannot be called as a reward function .* write it as def no_kwargs\(prompts, completions, "
+                       r"\*\*kwargs\)")),
+        ("later", r"is an async function"),
+    ],
+)
+def test_bad_reward_functions_are_params_errors_naming_the_key(user_reward_module, attribute, message):
+    from llmpipe.config import ParamsError, parse_params
+
+    rewards = [{"name": "python_parses"}, {"name": f"{user_reward_module}:{attribute}"}]
+    with pytest.raises(ParamsError, match=r"grpo\.rewards\.1\.name: .*" + message):
+        parse_params({"grpo": {"rewards": rewards}})
+
+
+def test_a_missing_reward_module_is_a_params_error_naming_the_key():
+    from llmpipe.config import ParamsError, parse_params
+
+    with pytest.raises(ParamsError, match=r"ppo\.rewards\.0\.name: no module named no_such_pkg\.rewards: neither "
+                                          r"on the Python path nor in .*; install it or put it there"):
+        parse_params({"ppo": {"rewards": [{"name": "no_such_pkg.rewards:exact"}]}})

@@ -38,7 +38,15 @@ from llmpipe.config.loading import ParamsError, load_params, parse_params, set_d
 from llmpipe.config.params import Params
 from llmpipe.config.paths import PathsParams
 from llmpipe.config.rl import GenerationParams, GRPOLossType, GRPOParams, PPOParams, RewardName, RewardSpec
-from llmpipe.config.runtime import EVAL_TASKS, EvalParams, OrchestrationParams, ProfileParams, RegressionParams
+from llmpipe.config.runtime import (
+    EVAL_TASKS,
+    EvalParams,
+    OrchestrationParams,
+    ProfileParams,
+    RegressionParams,
+    ReportParams,
+    TaskOptions,
+)
 from llmpipe.config.training import (
     BUDGET_KEYS,
     DPOLossType,
@@ -69,6 +77,7 @@ __all__ = [
     "MixtureSourceParams",
     "ModelParams",
     "OrchestrationParams",
+    "ReportParams",
     "PPOParams",
     "Params",
     "ParamsError",
@@ -84,6 +93,7 @@ __all__ = [
     "SFTParams",
     "StdlibSourceParams",
     "StreamParams",
+    "TaskOptions",
     "TokenizerParams",
     "TrainParams",
     "load_params",

@@ -8,7 +8,7 @@ from llmpipe.config.data import DataParams, TokenizerParams
 from llmpipe.config.distributed import DistributedParams
 from llmpipe.config.paths import PathsParams
 from llmpipe.config.rl import GRPOParams, PPOParams
-from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams
+from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams, ReportParams
 from llmpipe.config.section import Section
 from llmpipe.config.training import (
     DPOParams,
@@ -38,6 +38,7 @@ class Params(Section):
     profile: ProfileParams = ProfileParams()
     regression: RegressionParams = RegressionParams()
     eval: EvalParams = EvalParams()
+    report: ReportParams = ReportParams()
     orchestration: OrchestrationParams = OrchestrationParams()
     _origin: dict[str, dict[str, str]] = PrivateAttr(default_factory=dict)
     """Per training stage, the section each merged key was written in (``train`` or the stage's own), set by

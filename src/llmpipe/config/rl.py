@@ -1,11 +1,13 @@
 """Sections of the reinforcement-learning stages `ppo` and `grpo`: their `TrainParams` plus sampling
-(`GenerationParams`) and the named reward functions they are scored with (`RewardSpec`)."""
+(`GenerationParams`) and the reward functions they are scored with (`RewardSpec`: built-in by name, or a user's
+by import path)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import inspect
+from typing import Annotated, Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmpipe.config.section import Section
 from llmpipe.config.training import (
@@ -19,6 +21,7 @@ from llmpipe.config.training import (
     TrainParams,
     WarmupSteps,
 )
+from llmpipe.core.imports import import_object
 
 Temperature = Annotated[float, Field(gt=0, description="Softmax temperature of sampling.")]
 
@@ -39,12 +42,59 @@ RewardName = Literal["python_parses", "defines_function", "uses_arguments", "par
 """The keys of `llmpipe.rl.rewards.REWARDS` (a test keeps the two equal). Spelled out here rather than imported,
 so that validating params does not import the reward code and editing it reruns only the stages that use it."""
 
+REWARD_KWARGS = ("prompts", "completions", "completion_ids", "name", "trainer_state", "log_extra", "log_metric")
+"""The keyword arguments a reward function is called with: those TRL 1.16's `GRPOTrainer._calculate_rewards`
+passes (``name`` is the prompt dataset's column), and the ones the ppo stage passes too."""
+
+
+def check_reward_function(path: str) -> None:
+    """Import a user's reward function and check that TRL's call can bind to it.
+
+    Args:
+        path: ``"module.path:function"``.
+
+    Raises:
+        ValueError: The import fails (`llmpipe.core.imports.import_object`), the object is not a plain function
+            or callable, it is a coroutine function, or its signature cannot take :data:`REWARD_KWARGS` as keywords
+            (TRL's reward functions are ``def f(prompts, completions, **kwargs) -> list[float]``).
+    """
+    fn = import_object(path)
+    if not callable(fn):
+        raise ValueError(f"{path!r} is a {type(fn).__name__}, not a function")  # noqa: TRY004 (pydantic wants ValueError)
+    if inspect.iscoroutinefunction(fn):
+        raise ValueError(f"{path!r} is an async function; make it a plain def (the ppo stage calls it directly)")
+    try:
+        inspect.signature(fn).bind(**dict.fromkeys(REWARD_KWARGS))
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"{path!r} cannot be called as a reward function ({err}): it is called with the keywords "
+            f"{', '.join(REWARD_KWARGS)}; write it as def {path.rpartition(':')[2].rpartition('.')[2]}"
+            "(prompts, completions, **kwargs) -> list[float]"
+        ) from None
+
 
 class RewardSpec(Section):
-    """One named reward function of `llmpipe.rl.rewards.REWARDS` and its weight in the summed reward."""
+    """One reward function and its weight in the summed reward: a built-in of `llmpipe.rl.rewards.REWARDS` by
+    name, or a user's function by import path (TRL's reward-function signature), checked when params load."""
 
-    name: RewardName = Field(description="A reward function of llmpipe.rl.rewards.REWARDS.")
+    name: str = Field(
+        description="A built-in reward (python_parses, defines_function, uses_arguments, parsable_prefix) or a "
+        "user's function 'module.path:function' taking (prompts, completions, **kwargs) -> list[float]."
+    )
     weight: float = Field(1.0, description="Multiplier of this reward in the sum.")
+
+    @field_validator("name")
+    @classmethod
+    def _builtin_or_importable(cls, name: str) -> str:
+        if name in get_args(RewardName):
+            return name
+        if ":" not in name:
+            raise ValueError(
+                f"{name!r} is neither a built-in reward ({', '.join(get_args(RewardName))}) nor an import path "
+                "'module.path:function'"
+            )
+        check_reward_function(name)
+        return name
 
 
 class PPOParams(TrainParams):
@@ -88,7 +138,7 @@ class PPOParams(TrainParams):
     reward_model: bool = Field(True, description="Score completions with models/reward (last token of prompt+completion).")
     rewards: list[RewardSpec] = Field(
         [RewardSpec(name="parsable_prefix", weight=1.0)],
-        description="Reward functions added to the score, by name and weight.",
+        description="Reward functions added to the score: built-in names or 'module:function' paths, with weights.",
     )
     generation: GenerationParams = GenerationParams()
 
@@ -183,7 +233,7 @@ class GRPOParams(TrainParams):
             RewardSpec(name="uses_arguments", weight=2.0),
         ],
         min_length=1,
-        description="Reward functions of llmpipe.rl.rewards and their weights; the reward is the weighted sum.",
+        description="Built-in reward names or 'module:function' paths, and their weights; the reward is the weighted sum.",
     )
     generation: GRPOGenerationParams = GRPOGenerationParams()
 

@@ -1,5 +1,6 @@
 """Sections around the training stages rather than of them: `profile` (torch.profiler over training steps),
-`regression` (a hand-run hardware smoke test), `eval` (the `evaluate` and `report` stages) and
+`regression` (a hand-run hardware smoke test), `eval` (the `evaluate` and `report` stages, lm-eval options per
+task) and
 `orchestration` (the Prefect flow)."""
 
 from __future__ import annotations
@@ -52,6 +53,27 @@ EVAL_TASKS = (
 )
 
 
+class TaskOptions(Section):
+    """lm-eval's options for one task (`lm_eval.simple_evaluate` names), as `lm_eval --tasks <task> ...` takes them."""
+
+    num_fewshot: int | None = Field(
+        None, ge=0, description="Few-shot examples before each document; null = the task's own default (0 if none)."
+    )
+    apply_chat_template: bool = Field(False, description="Render each request with the model's chat template.")
+    fewshot_as_multiturn: bool = Field(
+        False, description="Few-shot examples as alternating user/assistant turns (needs apply_chat_template)."
+    )
+    gen_kwargs: dict[str, str | int | float | bool] = Field(
+        {}, description="Generation arguments updating the task's generation_kwargs (generate_until tasks)."
+    )
+
+    @model_validator(mode="after")
+    def _multiturn_needs_chat(self) -> TaskOptions:
+        if self.fewshot_as_multiturn and not self.apply_chat_template:
+            raise ValueError("fewshot_as_multiturn needs apply_chat_template: true (turns are chat-template turns)")
+        return self
+
+
 class EvalParams(Section):
     """`evaluate`: lm-evaluation-harness on each model in `models`, and the `report`."""
 
@@ -65,6 +87,29 @@ class EvalParams(Section):
     batch_size: int = Field(16, gt=0, description="lm-eval batch size.")
     max_length: int = Field(512, gt=0, description="Context window in tokens for scoring.")
     max_new_tokens: int = Field(128, gt=0, description="Tokens the generation task may generate (greedy).")
+    task_options: dict[str, TaskOptions] = Field(
+        {}, description="lm-eval options per task of `tasks` (num_fewshot, apply_chat_template, ...); others: defaults."
+    )
+
+    @model_validator(mode="after")
+    def _options_name_listed_tasks(self) -> EvalParams:
+        for name, options in self.task_options.items():
+            if name not in self.tasks:
+                raise ValueError(f"eval.task_options.{name}: not in eval.tasks ({', '.join(self.tasks)}); add it there "
+                                 "or remove its options")  # fmt: skip
+            if name.startswith("llmpipe_") and options.apply_chat_template:
+                raise ValueError(f"eval.task_options.{name}.apply_chat_template: llmpipe tasks render the model's chat "
+                                 "format themselves (a second template would wrap it again); set it to false")  # fmt: skip
+        return self
+
+
+class ReportParams(Section):
+    """`report`: what the report card needs beyond the metrics."""
+
+    cost_per_hour: float = Field(
+        1.0, ge=0, description="Price of one hour of the machine (any currency); the card's estimated cost is the "
+        "stages' total wall time × this (1.0: the cost reads as machine-hours)."
+    )
 
 
 _CRON_FIELD = re.compile(r"^[0-9A-Za-z*,/?-]+$")

@@ -91,6 +91,11 @@ def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
         ValueError: A line is not UTF-8 or not a JSON object; the message gives the file and line number.
         FileNotFoundError: The file does not exist.
     """
+    return (row for _, row in numbered_jsonl(path))
+
+
+def numbered_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """`iter_jsonl` with each row's 1-based line number, for messages about a row's content."""
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             line = decode_line(raw, path, lineno)
@@ -102,7 +107,7 @@ def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg}); fix or remove that line") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            yield row
+            yield lineno, row
 
 
 def decode_line(raw: bytes, path: str | Path, lineno: int) -> str:

@@ -43,10 +43,15 @@ FIX = "rerun the tokenize stage (dvc repro tokenize)"
 def pack_ids(texts: list[str], tokenizer) -> np.ndarray:
     """Token ids of `texts` (no special tokens), each document followed by eos, as one int64 array (N,).
 
-    The same ids as ``tokenizer(texts, add_special_tokens=False)``, but a fast tokenizer's backend
-    (`tokenizers`) encodes the batch directly, without the per-document Python lists of every field that the
-    tokenizer call builds, and numpy joins the documents: ~1.3x faster on the stdlib corpus (3.2 → 4.2 MB/s,
-    benchmarks/tokenize_throughput.py).
+    Special-token text in a document stays text: ``<s>`` in a regex of the corpus, ``</s>`` or ``<|user|>`` typed
+    in a file are encoded as the characters they are, never as bos, eos or a role token (transformers'
+    ``split_special_tokens``, `tokenizers`' ``encode_special_tokens``), so the only control ids in a token file are
+    the eos this function puts between documents.
+
+    The same ids as ``tokenizer(texts, add_special_tokens=False, split_special_tokens=True)``, but a fast
+    tokenizer's backend (`tokenizers`) encodes the batch directly, without the per-document Python lists of every
+    field that the tokenizer call builds, and numpy joins the documents: ~1.3x faster on the stdlib corpus
+    (3.2 → 4.2 MB/s, benchmarks/tokenize_throughput.py).
 
     Args:
         texts: Documents.
@@ -56,13 +61,16 @@ def pack_ids(texts: list[str], tokenizer) -> np.ndarray:
         int64 array of shape (N,), N = total tokens + one eos per document.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    # The tokenizer call turns truncation and padding off and sets how special-token text is split; a
-    # backend left in another state goes through the call.
-    plain = backend is not None and backend.truncation is None and backend.padding is None
-    if plain and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False)):
-        docs = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    # The tokenizer call turns truncation and padding off; a backend left in another state goes through the call.
+    if backend is not None and backend.truncation is None and backend.padding is None:
+        split = backend.encode_special_tokens
+        backend.encode_special_tokens = True
+        try:
+            docs = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+        finally:
+            backend.encode_special_tokens = split
     else:
-        docs = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+        docs = tokenizer(texts, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
     ends = np.cumsum([len(d) for d in docs], dtype=np.int64)  # (D,) where each document's eos goes
     flat = np.fromiter(itertools.chain.from_iterable(docs), dtype=np.int64, count=int(ends[-1]) if len(ends) else 0)
     return np.insert(flat, ends, tokenizer.eos_token_id)

@@ -5,15 +5,23 @@ its training stages.
    bits per byte on held-out code (``llmpipe_perplexity``).
 2. SFT works: ``sft`` has lower response bits per byte than ``pretrain`` in the chat format (``llmpipe_sft_chat``).
 3. DPO works: ``dpo`` prefers the real body over the corrupted one more often than ``sft`` (``llmpipe_preference``
-   acc_norm).
-4. The reward model ranks held-out pairs right at least :data:`REWARD_MIN_ACCURACY` of the time, overall and
-   for each corruption type (``metrics/reward.json``).
+   acc_norm), by at least :data:`MIN_MARGIN_SE` standard errors of the difference.
+4. The reward model ranks held-out pairs right at least :data:`REWARD_MIN_ACCURACY` of the time, overall (by
+   :data:`MIN_MARGIN_SE` binomial standard errors over ``num_pairs``) and for each corruption type
+   (``metrics/reward.json``).
 5. PPO and GRPO raise the reward: the mean reward over the last 10% of steps exceeds the first 10%'s by at
-   least :data:`RL_MIN_GAIN_SE` standard errors (of the difference) (``metrics/{ppo,grpo}.json``).
+   least :data:`MIN_MARGIN_SE` standard errors (of the difference) (``metrics/{ppo,grpo}.json``).
 6. GRPO writes better code: ``grpo``'s generation score is at least :data:`GRPO_MIN_SCORE_GAIN` above ``sft``'s
-   (``llmpipe_generation.score``).
+   (``llmpipe_generation.score``), and by at least :data:`MIN_MARGIN_SE` standard errors of the difference.
 
-A check whose models are not evaluated (not in ``eval.models``) or whose metric is missing is skipped.
+Wherever lm-eval or the stage gives a standard error, a check passes only by a margin of :data:`MIN_MARGIN_SE` of
+them (lm-eval gives none for bits per byte: checks 1 and 2 compare the figures as they are). A check whose models
+are not evaluated (not in ``eval.models``) or whose metric is missing is skipped.
+
+Beside the claims, :func:`run_costs` flags what post-training cost: each post-training stage's held-out bits per
+byte against its input model's (the "alignment tax", flagged above :data:`ALIGNMENT_TAX_MAX_RISE`) and the RL
+stages' share of distinct generated bodies (flagged below :data:`RL_MIN_DISTINCT`: one body written for every
+prompt is reward hacking, not learning).
 """
 
 from __future__ import annotations
@@ -29,8 +37,16 @@ PRETRAIN_MAX_BPB_RATIO = 0.6
 REWARD_MIN_ACCURACY = 0.75
 """Smallest held-out pairwise accuracy of the reward model, overall and per corruption type (check 4)."""
 
-RL_MIN_GAIN_SE = 2.0
-"""Smallest reward gain, last 10% of steps over the first 10%, in standard errors of the difference (check 5)."""
+MIN_MARGIN_SE = 2.0
+"""Smallest margin of a passing check, in standard errors of the difference (checks 3 to 6)."""
+
+ALIGNMENT_TAX_MAX_RISE = 0.10
+"""Largest relative rise of held-out ``llmpipe_perplexity.bits_per_byte`` over the input model's that is not
+flagged (10%)."""
+
+RL_MIN_DISTINCT = 0.5
+"""Smallest share of distinct generated bodies (``llmpipe_generation.distinct``) of an RL stage that is not
+flagged."""
 
 GRPO_MIN_SCORE_GAIN = 0.05
 """Smallest gain of ``llmpipe_generation.score`` from sft to grpo (check 6): 5 points."""
@@ -70,6 +86,25 @@ def _skipped(claim: str, metric: str, reason: str) -> Check:
     return Check(claim, metric, None, None, reason)
 
 
+def _stderr_of_difference(evals: Metrics, key: str, model: str, ref: str) -> float | None:
+    """sqrt(se_model² + se_ref²) of ``<key>_stderr`` (independent samples: an upper bound for the paired ones the
+    tasks use), or None when either has no stderr."""
+    errors = [evals[m].get(f"{key}_stderr") for m in (model, ref)]
+    if any(e is None for e in errors):
+        return None
+    return (errors[0] ** 2 + errors[1] ** 2) ** 0.5
+
+
+def beyond_noise(gain: float, se: float | None) -> tuple[bool, str]:
+    """Whether `gain` is positive by at least :data:`MIN_MARGIN_SE` × `se` (just positive when `se` is None), and
+    the text that says so for a check's detail."""
+    if se is None:
+        return gain > 0, "; no standard error"
+    if se == 0:
+        return gain > 0, "; standard error 0"
+    return gain >= MIN_MARGIN_SE * se, f", {gain / se:+.1f} s.e. of {se:.3f}"
+
+
 def pretrain_vs_baseline(evals: Metrics) -> Check:
     """Check 1; its value is the ratio pretrain / baseline of ``llmpipe_perplexity.bits_per_byte``."""
     claim = (f"pretrain's bits per byte on held-out code is at most {PRETRAIN_MAX_BPB_RATIO} × the untrained "
@@ -106,27 +141,26 @@ def dpo_vs_sft(evals: Metrics) -> Check:
     higher for any model and summed accuracy on that third of the pairs cannot move. The detail gives the
     summed accuracy and each corruption type beside it.
     """
-    claim = ("dpo prefers the real body over the corrupted one more often than sft (llmpipe_preference.acc_norm, "
-             "loglikelihood per character)")
+    claim = ("dpo prefers the real body over the corrupted one more often than sft, by at least "
+             f"{MIN_MARGIN_SE:g} standard errors (llmpipe_preference.acc_norm, loglikelihood per character)")
     metric = "check_dpo_preference_acc_norm_delta"
     key = "llmpipe_preference.acc_norm"
     pair = _pair(evals, key, "dpo", "sft")
     if isinstance(pair, str):
         return _skipped(claim, metric, pair)
     ours, ref = pair
-    stderr = evals["dpo"].get(f"{key}_stderr")
-    noise = f" (stderr of dpo's {stderr:.3f})" if stderr is not None else ""
-    detail = f"sft {ref:.3f} → dpo {ours:.3f} ({ours - ref:+.3f}){noise}"
+    passed, noise = beyond_noise(ours - ref, _stderr_of_difference(evals, key, "dpo", "sft"))
+    detail = f"sft {ref:.3f} → dpo {ours:.3f} ({ours - ref:+.3f}{noise})"
     for other in sorted(k for k in evals["dpo"] if k.startswith("llmpipe_preference.acc") and k != key
                         and not k.endswith("_stderr") and k in evals["sft"]):
         detail += f"; {other.split('.', 1)[1]}: {evals['sft'][other]:.3f} → {evals['dpo'][other]:.3f}"
-    return Check(claim, metric, ours - ref, ours > ref, detail)
+    return Check(claim, metric, ours - ref, passed, detail)
 
 
 def reward_accuracy(stages: Metrics) -> Check:
     """Check 4; its value is the smallest of the overall and per-type held-out accuracies."""
     claim = (f"the reward model ranks held-out pairs right at least {REWARD_MIN_ACCURACY} of the time, overall "
-             "and for each corruption type (metrics/reward.json)")
+             f"(by {MIN_MARGIN_SE:g} standard errors) and for each corruption type (metrics/reward.json)")
     metric = "check_reward_min_accuracy"
     m = stages.get("reward")
     if m is None or "accuracy" not in m:
@@ -135,13 +169,18 @@ def reward_accuracy(stages: Metrics) -> Check:
     worst = min(values.values())
     detail = ", ".join(f"{k.removeprefix('accuracy_') if k != 'accuracy' else 'overall'} {v:.3f}"
                        for k, v in values.items())
-    return Check(claim, metric, worst, worst >= REWARD_MIN_ACCURACY, detail)
+    passed = worst >= REWARD_MIN_ACCURACY
+    if m.get("num_pairs"):  # binomial standard error of the overall accuracy over the held-out pairs
+        se = (m["accuracy"] * (1 - m["accuracy"]) / m["num_pairs"]) ** 0.5
+        passed = passed and m["accuracy"] - MIN_MARGIN_SE * se >= REWARD_MIN_ACCURACY
+        detail += f" (overall ± {se:.3f} over {m['num_pairs']:g} pairs)"
+    return Check(claim, metric, worst, passed, detail)
 
 
 def rl_reward_gain(stages: Metrics, stage: str) -> Check:
     """Check 5 for `stage` (ppo or grpo); its value is the gain in standard errors of the difference."""
     claim = (f"{stage} raises the reward: the mean over the last 10% of steps exceeds the first 10%'s by at least "
-             f"{RL_MIN_GAIN_SE:g} standard errors (metrics/{stage}.json)")
+             f"{MIN_MARGIN_SE:g} standard errors (metrics/{stage}.json)")
     metric = f"check_{stage}_reward_gain_se"
     m = stages.get(stage)
     keys = ("reward_first", "reward_first_se", "reward_last", "reward_last_se")
@@ -151,24 +190,26 @@ def rl_reward_gain(stages: Metrics, stage: str) -> Check:
     se = (first_se**2 + last_se**2) ** 0.5
     gain = (last - first) / se if se > 0 else float("inf") if last > first else 0.0
     detail = f"first 10% {first:.3f} ± {first_se:.3f} → last 10% {last:.3f} ± {last_se:.3f} ({gain:+.1f} s.e.)"
-    return Check(claim, metric, gain, gain >= RL_MIN_GAIN_SE, detail)
+    return Check(claim, metric, gain, gain >= MIN_MARGIN_SE, detail)
 
 
 def grpo_vs_sft(evals: Metrics) -> Check:
     """Check 6; its value is grpo − sft of ``llmpipe_generation.score``."""
     claim = (f"grpo's generated bodies parse and define the function at least {GRPO_MIN_SCORE_GAIN * 100:g} points "
-             "more often than sft's (llmpipe_generation.score)")
+             f"and {MIN_MARGIN_SE:g} standard errors more often than sft's (llmpipe_generation.score)")
     metric = "check_grpo_generation_score_delta"
     pair = _pair(evals, "llmpipe_generation.score", "grpo", "sft")
     if isinstance(pair, str):
         return _skipped(claim, metric, pair)
     ours, ref = pair
-    detail = f"sft {ref:.3f} → grpo {ours:.3f} ({ours - ref:+.3f})"
+    se = _stderr_of_difference(evals, "llmpipe_generation.score", "grpo", "sft")
+    significant, noise = beyond_noise(ours - ref, se)
+    detail = f"sft {ref:.3f} → grpo {ours:.3f} ({ours - ref:+.3f}{noise})"
     for key, label in (("trivial", "trivial bodies"), ("distinct", "distinct bodies")):  # reward-hacking signs
         shares = _pair(evals, f"llmpipe_generation.{key}", "grpo", "sft")
         if not isinstance(shares, str):
             detail += f"; {label}: sft {shares[1]:.3f} → grpo {shares[0]:.3f}"
-    return Check(claim, metric, ours - ref, ours - ref >= GRPO_MIN_SCORE_GAIN - 1e-9, detail)
+    return Check(claim, metric, ours - ref, significant and ours - ref >= GRPO_MIN_SCORE_GAIN - 1e-9, detail)
 
 
 def run_checks(evals: Metrics, stages: Metrics) -> list[Check]:
@@ -187,3 +228,45 @@ def run_checks(evals: Metrics, stages: Metrics) -> list[Check]:
         rl_reward_gain(stages, "grpo"),
         grpo_vs_sft(evals),
     ]
+
+
+def alignment_tax(evals: Metrics, stage: str, source: str) -> Check:
+    """What post-training `stage` cost on held-out text: its ``llmpipe_perplexity.bits_per_byte`` over its input
+    model `source`'s; flagged (passed False) above 1 + :data:`ALIGNMENT_TAX_MAX_RISE`."""
+    claim = (f"{stage} keeps held-out bits per byte within {ALIGNMENT_TAX_MAX_RISE:.0%} of its input model {source}'s "
+             "(llmpipe_perplexity.bits_per_byte)")
+    metric = f"cost_{stage}_bpb_ratio"
+    pair = _pair(evals, "llmpipe_perplexity.bits_per_byte", stage, source)
+    if isinstance(pair, str):
+        return _skipped(claim, metric, pair)
+    ours, ref = pair
+    ratio = ours / ref
+    return Check(claim, metric, ratio, ratio <= 1 + ALIGNMENT_TAX_MAX_RISE,
+                 f"{source} {ref:.3f} → {stage} {ours:.3f} (×{ratio:.3f})")
+
+
+def distinct_answers(evals: Metrics, stage: str, source: str) -> Check:
+    """The share of distinct bodies RL `stage` generates (``llmpipe_generation.distinct``), beside its input
+    model's; flagged (passed False) below :data:`RL_MIN_DISTINCT`."""
+    claim = (f"{stage} writes distinct bodies for at least {RL_MIN_DISTINCT:.0%} of the prompts "
+             "(llmpipe_generation.distinct)")
+    metric = f"cost_{stage}_distinct"
+    key = "llmpipe_generation.distinct"
+    if key not in evals.get(stage, {}):
+        return _skipped(claim, metric, f"skipped: no {key} for {stage} (is it in eval.models and eval.tasks?)")
+    ours = evals[stage][key]
+    before = f"{source} {evals[source][key]:.3f} → " if key in evals.get(source, {}) else ""
+    return Check(claim, metric, ours, ours >= RL_MIN_DISTINCT, f"{before}{stage} {ours:.3f}")
+
+
+def run_costs(evals: Metrics, sources: dict[str, str], rl_stages: tuple[str, ...]) -> list[Check]:
+    """What each post-training stage cost, in order: the alignment tax of every stage in `sources`, then the
+    distinct-answer share of every RL stage.
+
+    Args:
+        evals: Evaluation metrics per model.
+        sources: ``{post-training stage: its input model}`` (sft: pretrain, dpo: sft, ppo: ppo.policy, …).
+        rl_stages: The RL stages among them.
+    """
+    costs = [alignment_tax(evals, stage, source) for stage, source in sources.items()]
+    return costs + [distinct_answers(evals, stage, sources[stage]) for stage in rl_stages if stage in sources]

@@ -17,6 +17,7 @@ from typing import Any
 
 from llmpipe.config import EvalParams
 from llmpipe.core.errors import UserError
+from llmpipe.evaluation.options import evaluate_kwargs, option_groups
 from llmpipe.evaluation.tasks import LOCAL_TASKS
 from llmpipe.model_source import weights_dir
 
@@ -96,7 +97,8 @@ def evaluate(
             ``model.init_from`` with the tokenizer beside it.
         names: Task names `manager` knows.
         manager: From :func:`task_manager`.
-        cfg: ``eval`` params: `limit` documents per task, `batch_size`, `max_length` in tokens.
+        cfg: ``eval`` params: `limit` documents per task, `batch_size`, `max_length` in tokens, and
+            `task_options` (tasks with different options are evaluated in separate `simple_evaluate` calls).
         trust_remote_code: Let pickled weights and ``auto_map`` code load (`llmpipe.models`).
         attn_implementation: ``model.attn_implementation``.
 
@@ -123,24 +125,28 @@ def evaluate(
             batch_size=cfg.batch_size,
             max_length=context_length(model_dir, cfg.max_length),
         )
-        results = simple_evaluate(
-            model=lm,
-            tasks=list(names),
-            limit=cfg.limit,
-            task_manager=manager,
-            log_samples=False,
-            bootstrap_iters=BOOTSTRAP_ITERS,
-            random_seed=SEED,
-            numpy_random_seed=SEED,
-            torch_random_seed=SEED,
-            fewshot_random_seed=SEED,
-        )
+        metrics: dict[str, float] = {}
+        for options, group in option_groups(names, cfg.task_options):
+            results = simple_evaluate(
+                model=lm,
+                tasks=group,
+                limit=cfg.limit,
+                task_manager=manager,
+                log_samples=False,
+                bootstrap_iters=BOOTSTRAP_ITERS,
+                random_seed=SEED,
+                numpy_random_seed=SEED,
+                torch_random_seed=SEED,
+                fewshot_random_seed=SEED,
+                **evaluate_kwargs(options),
+            )
+            metrics |= flatten(results)
     if lm.num_truncated:
         log.warning("%s: %d lm-eval requests of tasks %s were longer than %d tokens and cut from the left to fit "
                     "(their scores are of cut inputs); raise eval.max_length (up to the model's "
                     "max_position_embeddings) or leave such tasks out", model_dir, lm.num_truncated,
                     ", ".join(names), lm.max_length)
-    return {**flatten(results), "num_truncated_requests": float(lm.num_truncated)}
+    return {**metrics, "num_truncated_requests": float(lm.num_truncated)}
 
 
 def flatten(results: dict[str, Any]) -> dict[str, float]:
@@ -148,7 +154,8 @@ def flatten(results: dict[str, Any]) -> dict[str, float]:
 
     lm-eval keys metrics ``"<metric>,<filter>"``; the filter is dropped when it is ``none`` (every
     loglikelihood task) and kept as ``<metric>.<filter>`` otherwise. Non-numeric entries (aliases, ``"N/A"``
-    stderrs) and non-finite stderrs are left out.
+    stderrs) and non-finite stderrs are left out. ``<task>.num_fewshot`` is lm-eval's own record of the
+    few-shot count it used, when not 0.
     """
     out: dict[str, float] = {}
     for task, metrics in results["results"].items():
@@ -162,4 +169,7 @@ def flatten(results: dict[str, Any]) -> dict[str, float]:
         samples = results.get("n-samples", {}).get(task)
         if samples:
             out[f"{task}.num_docs"] = float(samples["effective"])
+        shots = results.get("n-shot", {}).get(task)
+        if shots:
+            out[f"{task}.num_fewshot"] = float(shots)
     return out

@@ -25,6 +25,7 @@ import yaml
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import read_jsonl, write_jsonl
 from llmpipe.data.corrupt import CORRUPTIONS
+from llmpipe.data.special import escape, escapes
 
 Row = dict[str, Any]
 
@@ -94,6 +95,12 @@ def _content(messages: list[dict[str, str]]) -> str:
     return "".join(m["content"] for m in messages)
 
 
+def _text(text: str, tokenizer) -> str:
+    """Data text as lm-eval must get it so that special-token text in it stays text (`llmpipe.data.special`), for a
+    tokenizer that deletes the escape; other tokenizers get it unchanged."""
+    return escape(text, tokenizer.all_special_tokens) if escapes(tokenizer) else text
+
+
 def _prompt_and_response(row: Row) -> tuple[list[dict[str, str]], str]:
     """Split an SFT chat row into its prompt turns and the final assistant turn's text."""
     *prompt, last = row["messages"]
@@ -104,13 +111,14 @@ def _prompt_and_response(row: Row) -> tuple[list[dict[str, str]], str]:
 
 def render_perplexity(row: Row, tokenizer) -> Row:
     """``{"text"}``: the document, scored whole (rolling windows of the context length)."""
-    return {"text": row["text"]}
+    return {"text": _text(row["text"], tokenizer)}
 
 
 def render_signature_mc(row: Row, tokenizer) -> Row:
     """``{"context", "choices": [def line × 4], "label"}``; the context is the docstring as Python source (in
     triple quotes, then a newline)."""
-    return {"context": f'"""{row["query"]}"""\n', "choices": list(row["choices"]), "label": int(row["label"])}
+    choices = [_text(c, tokenizer) for c in row["choices"]]
+    return {"context": _text(f'"""{row["query"]}"""\n', tokenizer), "choices": choices, "label": int(row["label"])}
 
 
 def _sft_document(context: str, continuation: str, response: str) -> Row:
@@ -120,13 +128,13 @@ def _sft_document(context: str, continuation: str, response: str) -> Row:
 def render_sft_chat(row: Row, tokenizer) -> Row:
     """``{"context": chat prompt, "continuation": response + eos, "num_bytes": UTF-8 bytes of the response}``."""
     prompt, response = _prompt_and_response(row)
-    return _sft_document(_chat_prompt(prompt, tokenizer), response + _eos(tokenizer), response)
+    return _sft_document(_chat_prompt(prompt, tokenizer), _text(response, tokenizer) + _eos(tokenizer), response)
 
 
 def render_sft_plain(row: Row, tokenizer) -> Row:
     """``{"context": prompt + "\\n", "continuation": response, "num_bytes"}``: no chat tokens, no eos."""
     prompt, response = _prompt_and_response(row)
-    return _sft_document(_content(prompt) + "\n", response, response)
+    return _sft_document(_text(_content(prompt), tokenizer) + "\n", _text(response, tokenizer), response)
 
 
 def render_generation(row: Row, tokenizer) -> Row:
@@ -141,7 +149,7 @@ def render_preference(row: Row, tokenizer) -> Row:
     eos = _eos(tokenizer)
     return {
         "context": _chat_prompt(row["prompt"], tokenizer),
-        "choices": [_content(row["chosen"]) + eos, _content(row["rejected"]) + eos],
+        "choices": [_text(_content(row[key]), tokenizer) + eos for key in ("chosen", "rejected")],
         "label": 0,
         "corruption": row.get("corruption"),
     }

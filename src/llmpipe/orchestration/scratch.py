@@ -11,8 +11,11 @@ from typing import Any
 
 import yaml
 
+from llmpipe.report import plots_page
+
 REPO_FILES = ("src", "flows", "dvc.yaml", "prefect.yaml", ".gitignore", ".dvcignore")
-"""What a scratch repo holds besides params.yaml: the DAG, the code its stages hash as deps, and the flows."""
+"""What a scratch repo holds besides params.yaml and DVC's config (with the offline plots page of
+:mod:`llmpipe.report.plots_page`): the DAG, the code its stages hash as deps, and the flows."""
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -52,6 +55,13 @@ def make_pipeline_repo(root: Path, dest: Path, overrides: dict[str, Any], env: d
             shutil.copy(src, dest / name)
     (dest / "params.yaml").write_text(yaml.safe_dump(merged_params(root, overrides), sort_keys=False))
     for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"],
-                ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
+                ["dvc", "config", "plots.html_template", plots_page.TEMPLATE_NAME]):
+        subprocess.run(cmd, cwd=dest, env=env, check=True, capture_output=True, text=True)
+    template = root / ".dvc" / plots_page.TEMPLATE_NAME
+    if template.exists():  # made by `make install`; else made here (seconds)
+        shutil.copy(template, dest / ".dvc" / plots_page.TEMPLATE_NAME)
+    else:
+        plots_page.write(dest / ".dvc" / plots_page.TEMPLATE_NAME)
+    for cmd in (["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
         subprocess.run(cmd, cwd=dest, env=env, check=True, capture_output=True, text=True)
     return dest

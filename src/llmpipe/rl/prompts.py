@@ -21,9 +21,8 @@ class Prompts:
     """The prompts of one split, those that fit the token budget, in file order."""
 
     turns: list[list[dict[str, str]]]
-    """The conversation up to and including the first user turn (a system turn stays), as the policy sees it."""
-    texts: list[str]
-    """The user turn as plain text (signature + docstring): what the reward functions score."""
+    """The conversation up to and including the first user turn (a system turn stays), as the policy sees it and
+    the reward functions get it (the built-ins score its last turn's text: signature + docstring)."""
     names: list[str]
     """The requested function name of each prompt."""
     ids: list[list[int]]
@@ -59,7 +58,7 @@ def load_prompts(path: Path, tokenizer, max_prompt_tokens: int, limit: int | Non
             `max_prompt_tokens`.
     """
     rows = load_split(path, ("messages", "name"))
-    prompts = Prompts([], [], [], [])
+    prompts = Prompts([], [], [])
     for line, (messages, name) in enumerate(zip(rows["messages"], rows["name"]), start=1):
         try:
             turns = prompt_turns(messages)
@@ -69,13 +68,12 @@ def load_prompts(path: Path, tokenizer, max_prompt_tokens: int, limit: int | Non
         tokens = tokenizer(rendered, add_special_tokens=False)["input_ids"]
         if len(tokens) <= max_prompt_tokens:
             prompts.turns.append(turns)
-            prompts.texts.append(turns[-1]["content"])
             prompts.names.append(name)
             prompts.ids.append(tokens)
     if not prompts.ids:
         raise UserError(f"{path}: no prompt fits in {max_prompt_tokens} tokens ({budget}); raise it")
     log.info("%s: %d of %d prompts fit in %d tokens", path, len(prompts.ids), len(rows), max_prompt_tokens)
-    return Prompts(prompts.turns[:limit], prompts.texts[:limit], prompts.names[:limit], prompts.ids[:limit])
+    return Prompts(prompts.turns[:limit], prompts.names[:limit], prompts.ids[:limit])
 
 
 class IndexStream:

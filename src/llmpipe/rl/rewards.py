@@ -4,7 +4,8 @@ function parse, define the function it was asked for, use its arguments?
 A prompt is a function's ``def`` line(s) plus its docstring (the user turn of the SFT data) and a
 completion is the body the model wrote for it, so the program scored is ``prompt + "\\n" + completion``.
 Every reward maps one (prompt, completion, name) to a float in [0, 1]; params pick them by name with a
-weight (``rewards: [{name: python_parses, weight: 1.0}, ...]``), and :func:`compute_rewards` sums them.
+weight (``rewards: [{name: python_parses, weight: 1.0}, ...]``), beside users' own functions by import path
+(``{name: "mypkg.rewards:exact_answer"}``, TRL's reward-function signature), and :func:`compute_rewards` sums them.
 
 `parsable_prefix` is graded (the share of the completion's lines that still parse) so that a policy which
 rarely writes a whole valid body still gets a learning signal: all-equal rewards in a group give GRPO a zero
@@ -16,6 +17,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from llmpipe.core.errors import UserError
+from llmpipe.core.imports import import_object
 
 if TYPE_CHECKING:
     import torch
@@ -131,28 +135,53 @@ def is_trivial_completion(prompt: str, completion: str, name: str) -> bool:
 
 
 def compute_rewards(
-    specs: Sequence[RewardSpec], prompts: Sequence[str], completions: Sequence[str], names: Sequence[str]
+    specs: Sequence[RewardSpec],
+    prompts: Sequence[Any],
+    completions: Sequence[str],
+    names: Sequence[str],
+    completion_ids: Sequence[list[int]] | None = None,
 ) -> torch.Tensor:
-    """Weighted sum of the named rewards for each completion.
+    """Weighted sum of the reward functions for each completion, each called as TRL's GRPOTrainer calls it.
 
     Args:
-        specs: Reward names and weights (params `rewards`).
-        prompts: ``def`` line(s) + docstring of each function, plain text (not chat-rendered).
-        completions: The generated bodies, decoded without special tokens.
-        names: The requested function name of each prompt (qualified names allowed).
+        specs: Reward names or import paths and weights (params `rewards`).
+        prompts: Each prompt as plain text, or as a conversation (the turns up to the user's, as the ppo stage
+            and GRPO's dataset hold them); the built-ins score the last turn's text.
+        completions: The generated texts, decoded without special tokens; passed as ``[{"role": "assistant",
+            "content": …}]`` when the prompts are conversations, as TRL passes them.
+        names: The requested function name of each prompt (the ``name`` column; qualified names allowed).
+        completion_ids: The generated token ids of each completion (TRL's ``completion_ids``); None = empty.
 
     Returns:
         float32 tensor of shape (batch,): ``sum(weight * reward)``.
 
     Raises:
-        ValueError: The three sequences differ in length.
+        ValueError: The sequences differ in length.
+        UserError: A user's function returned other than one number per completion.
     """
     import torch
 
-    if not len(prompts) == len(completions) == len(names):
-        raise ValueError(f"{len(prompts)} prompts, {len(completions)} completions and {len(names)} names differ")
-    totals = [sum(s.weight * REWARDS[s.name](p, c, n) for s in specs) for p, c, n in zip(prompts, completions, names)]
-    return torch.tensor(totals, dtype=torch.float32)
+    n = len(prompts)
+    if not n == len(completions) == len(names) or (completion_ids is not None and len(completion_ids) != n):
+        raise ValueError(f"{n} prompts, {len(completions)} completions and {len(names)} names differ")
+    chat = bool(n) and not isinstance(prompts[0], str)
+    shaped = [[{"role": "assistant", "content": c}] for c in completions] if chat else list(completions)
+    kwargs = {"prompts": list(prompts), "completions": shaped, "name": list(names), "trainer_state": None,
+              "completion_ids": [list(c) for c in completion_ids] if completion_ids is not None else [[]] * n,
+              "log_extra": _ignore, "log_metric": _ignore}  # fmt: skip
+    functions, weights = trl_reward_functions(specs)
+    totals = torch.zeros(n, dtype=torch.float32)
+    for spec, fn, weight in zip(specs, functions, weights):
+        values = fn(**kwargs)
+        if len(values) != n or not all(isinstance(v, (int, float)) for v in values):
+            raise UserError(f"reward function {spec.name} returned {values!r}: it must return one number per "
+                            f"completion ({n} here)")  # fmt: skip
+        totals += weight * torch.tensor(values, dtype=torch.float32)
+    return totals
+
+
+def _ignore(*_: Any, **__: Any) -> None:
+    """TRL's ``log_extra``/``log_metric`` callbacks where no completions table is kept (the ppo stage)."""
 
 
 def _text(turns: Any) -> str:
@@ -163,9 +192,10 @@ def _text(turns: Any) -> str:
 def trl_reward_functions(specs: Sequence[RewardSpec]) -> tuple[list[Callable[..., list[float]]], list[float]]:
     """The rewards as TRL `GRPOTrainer` reward functions and their weights (`GRPOConfig.reward_weights`).
 
-    Each function takes TRL's ``prompts`` and ``completions`` (plain or conversational) and the dataset's
-    ``name`` column, and returns one float per completion; its ``__name__`` is the reward's, which TRL
-    uses to label the logged ``rewards/<name>/mean``.
+    A built-in becomes a function that takes TRL's ``prompts`` and ``completions`` (plain or conversational)
+    and the dataset's ``name`` column, and returns one float per completion; its ``__name__`` is the reward's,
+    which TRL uses to label the logged ``rewards/<name>/mean``. A user's ``module:function`` is imported and
+    returned as it is (params validation checked that TRL's call binds to it).
     """
 
     def adapt(label: str, fn: RewardFn) -> Callable[..., list[float]]:
@@ -175,4 +205,5 @@ def trl_reward_functions(specs: Sequence[RewardSpec]) -> tuple[list[Callable[...
         reward.__name__ = label
         return reward
 
-    return [adapt(s.name, REWARDS[s.name]) for s in specs], [s.weight for s in specs]
+    functions = [adapt(s.name, REWARDS[s.name]) if s.name in REWARDS else import_object(s.name) for s in specs]
+    return functions, [s.weight for s in specs]

@@ -90,8 +90,8 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
               best_metric=("eval_reward", True), kl_unit="nats per token"),
     Stage("evaluate", "evaluation", "lm-evaluation-harness on one model (--model NAME).",
           inputs=("${paths.data}/eval", "${paths.models}/${item.model}")),
-    Stage("report", "report", "reports/report.md: every model × metric, task descriptions, stage wall times.",
-          loads_models=False),
+    Stage("report", "report", "The report card reports/report.{md,html}: checks, costs, results across stages, "
+          "figures, per-stage statistics, provenance; metrics/headline.json.", loads_models=False),
     Stage("regression", "hand", "Hardware smoke test: an MLP on y = Xw + noise with plain Accelerate; ranks must "
           "agree (hand run).", loads_models=False),
 )}

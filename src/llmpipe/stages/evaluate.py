@@ -14,6 +14,7 @@ from pathlib import Path
 from llmpipe.config import Params
 from llmpipe.core.errors import UserError
 from llmpipe.evaluation import harness
+from llmpipe.evaluation.options import check_fewshot
 from llmpipe.evaluation.tasks import render_tasks
 from llmpipe.models import check_model_dir, load_tokenizer
 
@@ -52,8 +53,8 @@ def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str
         ``num_truncated_requests`` the requests lm-eval cut to fit (standard lm-eval tasks).
 
     Raises:
-        UserError: A bad model name, a missing model or eval set, or an unknown task name in ``eval.tasks``
-            (raised before the model is loaded).
+        UserError: A bad model name, a missing model or eval set, an unknown task name in ``eval.tasks``, or a
+            ``num_fewshot`` in ``eval.task_options`` a task cannot draw (raised before the model is loaded).
     """
     path = model_dir(params, model, trust_remote_code)
     tasks = list(dict.fromkeys(params.eval.tasks))
@@ -75,6 +76,7 @@ def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str
         metrics |= {f"{name}.num_too_long": float(too_long) for name, (_, too_long) in counts.items()}
         if names:
             manager = harness.task_manager(names, work)
+            check_fewshot(manager, {n: o for n, o in params.eval.task_options.items() if n in names})
             metrics |= harness.evaluate(path, names, manager, params.eval, trust_remote_code,
                                         params.model.attn_implementation)
     return metrics

@@ -1,31 +1,30 @@
-"""`report` stage: ``<paths.reports>/report.md``, the pipeline's report card.
+"""`report` stage: the pipeline's report card, ``<paths.reports>/report.md`` (renders on GitHub, figures linked)
+and ``report.html`` (one self-contained page, figures embedded), with its PNG figures in ``<paths.reports>/figures/``,
+and the run's headline metrics ``<paths.metrics>/headline.json`` (:mod:`llmpipe.report.headline`).
 
-Reads ``<paths.metrics>/eval/<model>.json`` for every model in ``eval.models`` and, where present,
-``<paths.metrics>/<stage>.json`` of the earlier stages; writes one markdown file (atomically): every model ×
-metric, what each task measures, the three checks (:mod:`llmpipe.evaluation.checks`), the training metrics
-and every stage's wall time.
+Reads ``<paths.metrics>/eval/<model>.json`` for every model in ``eval.models``, ``<paths.metrics>/<stage>.json`` of
+the earlier stages where present, their per-step logs ``<paths.logs>/<stage>/`` and ``dvc.lock``; writes every
+file atomically: the checks and what post-training cost (:mod:`llmpipe.evaluation.checks`), the results across
+stages, figures, per-stage statistics, samples, provenance and the estimated cost.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from llmpipe.config import Params
 from llmpipe.core.errors import UserError
-from llmpipe.core.io import atomic_file
-from llmpipe.evaluation.checks import Check, Metrics, run_checks
-from llmpipe.evaluation.tasks import LOCAL_TASKS
-from llmpipe.stages import METRICS_STAGES, REGISTRY
+from llmpipe.core.io import atomic_dir, atomic_file, write_json
+from llmpipe.evaluation.checks import Check, Metrics, run_checks, run_costs
+from llmpipe.report import card, figures, page, provenance, tables
+from llmpipe.report.headline import headline
+from llmpipe.stages import METRICS_STAGES, REGISTRY, TRAINING_TASKS, resolve_template
 
-TRAINING_COLUMNS = (
-    "train_loss", "eval_loss", "steps", "tokens_per_s", "mfu", "peak_memory_gb", "world_size", "num_parameters"
-)
-"""Columns of the training table (keys of a training stage's metrics; mfu only where the device's peak is known)."""
-
-MARKS = {True: "✓", False: "✗", None: "–"}
+RL_KL_UNITS = {name: s.kl_unit for name, s in REGISTRY.items() if s.kl_unit}
+"""The RL stages and the unit of their ``kl_final`` (registry): our PPO sums the per-token KL over a response (the
+penalty it pays); TRL's GRPO logs the mean per token."""
 
 
 def read_metrics(path: Path) -> dict[str, Any] | None:
@@ -63,129 +62,23 @@ def eval_metrics(params: Params) -> Metrics:
     return evals
 
 
-def columns(task: str, evals: Metrics) -> list[str]:
-    """Metric keys of `task` shown in its results table: for an llmpipe task its declared metrics, for a
-    standard lm-eval task every metric found (no stderrs, no document counts)."""
-    found = {key for metrics in evals.values() for key in metrics}
-    if task in LOCAL_TASKS:
-        names = [f"{task}.{m.name}" for m in LOCAL_TASKS[task].metrics]
-    else:
-        names = sorted(k for k in found if k.startswith(f"{task}.") and not k.endswith(("_stderr", ".num_docs")))
-    return [name for name in names if name in found]
+def input_models(params: Params) -> dict[str, str]:
+    """``{training stage: the model it starts from}`` (pretrain starts from none), from the registry's inputs:
+    ``${paths.models}/${ppo.policy}`` → ``sft`` (or ``dpo``)."""
+    sources = {}
+    for stage in TRAINING_TASKS:
+        found = [Path(resolve_template(t, params)) for t in REGISTRY[stage].inputs if t.startswith("${paths.models}/")]
+        if found:  # the first: ppo also reads models/reward, which is not where it starts
+            sources[stage] = found[0].name
+    return {stage: source for stage, source in sources.items() if stage != "reward"}  # reward: not a causal LM
 
 
-def fmt(value: Any) -> str:
-    """A number for a table: whole numbers as integers, 100 ≤ |x| < 1e6 with one decimal, else 4 significant
-    digits; anything else as text; missing as –."""
-    if value is None:
-        return "–"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int) or (math.isfinite(value) and value == int(value) and abs(value) < 1e9):
-        return str(int(value))
-    if 100 <= abs(value) < 1e6:
-        return f"{value:.1f}"
-    return f"{value:.4g}"
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """Markdown table lines."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-def _arrow(key: str) -> str:
-    task, _, metric = key.partition(".")
-    for m in LOCAL_TASKS[task].metrics if task in LOCAL_TASKS else ():
-        if m.name == metric:
-            return " ↑" if m.higher_is_better else " ↓"
-    return ""
-
-
-def results_section(tasks: list[str], evals: Metrics) -> list[str]:
-    """One table per task: a row per model, a column per metric."""
-    lines = ["## Results", "", "↑: higher is better, ↓: lower is better.", ""]
-    for task in tasks:
-        cols = columns(task, evals)
-        if not cols:
-            continue
-        header = ["model", *(f"{c.partition('.')[2]}{_arrow(c)}" for c in cols)]
-        rows = [[model, *(fmt(metrics.get(c)) for c in cols)] for model, metrics in evals.items()]
-        lines += [f"### {task}", "", *table(header, rows), ""]
-    return lines
-
-
-def tasks_section(tasks: list[str], evals: Metrics) -> list[str]:
-    lines = ["## Tasks", ""]
-    for task in tasks:
-        counts = [m[f"{task}.num_docs"] for m in evals.values() if f"{task}.num_docs" in m]
-        docs = f", {fmt(max(counts))} documents" if counts else ""
-        local = LOCAL_TASKS.get(task)
-        if local is None:
-            lines.append(f"- **{task}** (standard lm-eval task{docs}).")
-            continue
-        metrics = ", ".join(f"{m.name} {'↑' if m.higher_is_better else '↓'}" for m in local.metrics)
-        lines.append(f"- **{task}** ({metrics}{docs}): {local.measures}")
-        if counts and max(counts) == 0:
-            lines.append("  *Skipped: its evaluation set is empty (this data source has none); no numbers.*")
-    return [*lines, ""]
-
-
-def checks_section(checks: list[Check]) -> list[str]:
-    lines = ["## Checks", ""]
-    for check in checks:
-        lines.append(f"- {MARKS[check.passed]} {check.claim}: {check.detail}")
-    return [*lines, ""]
-
-
-def training_section(stage_metrics: dict[str, dict[str, Any]]) -> list[str]:
-    rows = [[stage, *(fmt(m.get(c)) for c in TRAINING_COLUMNS)]
-            for stage, m in stage_metrics.items() if any(c in m for c in TRAINING_COLUMNS[:4])]
-    if not rows:
-        return []
-    return ["## Training", "", *table(["stage", *TRAINING_COLUMNS], rows), ""]
-
-
-RL_KL_UNITS = {name: s.kl_unit for name, s in REGISTRY.items() if s.kl_unit}
-"""The RL stages and the unit of their ``kl_final`` (registry): our PPO sums the per-token KL over a response (the
-penalty it pays); TRL's GRPO logs the mean per token."""
-
-
-def rl_section(stage_metrics: dict[str, dict[str, Any]]) -> list[str]:
-    """The RL stages' drift from where they started: reward, KL to the reference, response length."""
-    header = ["stage", "reward first 10%", "reward last 10%", "KL to reference (end)", "response tokens first → last"]
-    rows = []
-    for stage, kl_unit in RL_KL_UNITS.items():
-        m = stage_metrics.get(stage)
-        if m is None or "reward_first" not in m:
-            continue
-        rows.append([
-            stage,
-            f"{fmt(m['reward_first'])} ± {fmt(m.get('reward_first_se'))}",
-            f"{fmt(m.get('reward_last'))} ± {fmt(m.get('reward_last_se'))}",
-            f"{fmt(m.get('kl_final'))} {kl_unit}" if "kl_final" in m else "–",
-            f"{fmt(m.get('response_length_first'))} → {fmt(m.get('response_length_last'))}",
-        ])
-    if not rows:
-        return []
-    note = ("Reward hacking shows as reward up while the generation task's score stays flat, the share of trivial "
-            "bodies (llmpipe_generation.trivial) rises, the share of distinct bodies (llmpipe_generation.distinct) "
-            "falls (one body written for every prompt), or responses shrink or grow far from where they started.")
-    return ["## RL stages", "", *table(header, rows), "", note, ""]
-
-
-def wall_time_section(stage_metrics: dict[str, dict[str, Any]], evals: Metrics) -> list[str]:
-    times = {stage: m["wall_time_s"] for stage, m in stage_metrics.items() if "wall_time_s" in m}
-    times |= {f"evaluate@{model}": m["wall_time_s"] for model, m in evals.items() if "wall_time_s" in m}
-    if not times:
-        return []
-    rows = [[name, f"{t:.1f}"] for name, t in times.items()] + [["**total**", f"**{sum(times.values()):.1f}**"]]
-    return ["## Wall time", "", *table(["stage", "wall time (s)"], rows), ""]
-
-
-def render(params: Params, evals: Metrics, stage_metrics: dict[str, dict[str, Any]], checks: list[Check]) -> str:
+def render(params: Params, evals: Metrics, stage_metrics: dict[str, dict[str, Any]], checks: list[Check],
+           costs: list[Check], links: dict[str, str], prov: provenance.Provenance) -> str:
     """The report's markdown."""
     tasks = list(dict.fromkeys(params.eval.tasks))
+    times = card.wall_times(stage_metrics, evals)
+    logs = Path(params.paths.logs)
     lines = [
         "# llmpipe report",
         "",
@@ -193,22 +86,26 @@ def render(params: Params, evals: Metrics, stage_metrics: dict[str, dict[str, An
         f"{params.eval.limit or 'all'} documents per task. Numbers from `{params.paths.metrics}/`; "
         "rebuild with `dvc repro report`.",
         "",
-        *checks_section(checks),
-        *results_section(tasks, evals),
-        *tasks_section(tasks, evals),
-        *training_section(stage_metrics),
-        *rl_section(stage_metrics),
-        *wall_time_section(stage_metrics, evals),
+        *card.checks_section(checks, costs),
+        *tables.summary_section(tasks, evals, input_models(params)),
+        *card.figures_section(links),
+        *card.stages_section(stage_metrics, logs),
+        *card.rl_section(stage_metrics, RL_KL_UNITS),
+        *card.samples_section(TRAINING_TASKS, logs),
+        *tables.results_section(tasks, evals),
+        *tables.tasks_section(tasks, evals),
+        *card.wall_time_section(times),
+        *card.provenance_section(prov, params.report.cost_per_hour, sum(times.values())),
     ]
     return "\n".join(lines)
 
 
 def run(params: Params) -> dict[str, float]:
-    """Write ``<paths.reports>/report.md`` (under ``paths.output_root``).
+    """Write the report card, its figures and the headline metrics (under ``paths.output_root``).
 
     Returns:
-        The checks' numbers (``check_<name>`` of :mod:`llmpipe.evaluation.checks`; a skipped check is absent),
-        ``num_checks`` (run) and ``num_checks_passed``.
+        The checks' and costs' numbers (``check_<name>``, ``cost_<stage>_<what>`` of
+        :mod:`llmpipe.evaluation.checks`; a skipped one is absent), ``num_checks`` (run) and ``num_checks_passed``.
 
     Raises:
         UserError: A model in ``eval.models`` has no evaluation metrics, or a metrics file is malformed.
@@ -220,11 +117,23 @@ def run(params: Params) -> dict[str, float]:
         if data is not None:
             stage_metrics[stage] = data
     checks = run_checks(evals, stage_metrics)
-    with atomic_file(params.paths.out(params.paths.reports, "report.md")) as fh:
-        fh.write(render(params, evals, stage_metrics, checks) + "\n")
+    costs = run_costs(evals, input_models(params), tuple(RL_KL_UNITS))
+    reports = params.paths.out(params.paths.reports)
+    with atomic_dir(reports / "figures") as tmp:
+        drawn = figures.draw_all(Path(params.paths.logs), TRAINING_TASKS, tuple(RL_KL_UNITS), tmp)
+    links = {name: f"figures/{path.name}" for name, path in drawn.items()}
+    own = [params.paths.reports, params.paths.metrics, params.paths.logs]
+    text = render(params, evals, stage_metrics, checks, costs, links, provenance.collect(Path("."), own)) + "\n"
+    with atomic_file(reports / "report.md") as fh:
+        fh.write(text)
+    with atomic_file(reports / "report.html") as fh:
+        fh.write(page.render(text, reports, "llmpipe report"))
+    # nested under "headline": `dvc exp show` then names its columns headline.<key> (README, "Compare runs")
+    write_json(params.paths.out(params.paths.metrics, "headline.json"),
+               {"headline": headline(evals, stage_metrics, checks, costs)})
     done = [c for c in checks if c.passed is not None]
     return {
-        **{c.metric: round(c.value, 6) for c in done},
+        **{c.metric: round(c.value, 6) for c in [*done, *costs] if c.value is not None},
         "num_checks": len(done),
         "num_checks_passed": sum(c.passed for c in done),
     }

@@ -11,6 +11,7 @@ from pathlib import Path
 from llmpipe.config import Params
 from llmpipe.core.errors import UserError, root_cause
 from llmpipe.core.io import atomic_dir, read_jsonl
+from llmpipe.data.special import install, jinja_escape
 from llmpipe.model_source import checked_source, resolve
 from llmpipe.models import check_tokenizer_configs
 
@@ -19,21 +20,38 @@ log = logging.getLogger(__name__)
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 
-# Each turn is `<|role|><content>\n` and an assistant turn ends with eos, so generation stops there. The
-# role token is special, so the prompt rendered alone is a token prefix of prompt + completion (no merge
-# across the boundary, which DPO and lm-eval rely on). `{% generation %}` marks the assistant tokens
-# TRL's `assistant_only_loss` trains on.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>' }}"
-    "{% if message['role'] == 'assistant' %}"
-    "{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}"
-    "{% else %}{{ message['content'] }}{% endif %}"
-    "{{ '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
-)
+
+def chat_template(special_tokens: tuple[str, ...]) -> str:
+    """The pipeline's chat template, escaping `special_tokens` in message contents.
+
+    Each turn is ``<|role|><content>\\n`` and an assistant turn ends with eos, so generation stops there. The role
+    token is special, so the prompt rendered alone is a token prefix of prompt + completion (no merge across the
+    boundary, which DPO and lm-eval rely on). ``{% generation %}`` marks the assistant tokens TRL's
+    `assistant_only_loss` trains on. Contents are escaped (`llmpipe.data.special`), so special-token text typed
+    in a message stays text and only the template's own markers are control tokens.
+    """
+    content = jinja_escape("message['content']", special_tokens)
+    return (
+        "{{ bos_token }}"
+        "{% for message in messages %}"
+        "{{ '<|' + message['role'] + '|>' }}"
+        "{% if message['role'] == 'assistant' %}"
+        f"{{% generation %}}{{{{ {content} + eos_token }}}}{{% endgeneration %}}"
+        f"{{% else %}}{{{{ {content} }}}}{{% endif %}}"
+        "{{ '\\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+    )
+
+
+def _use_our_chat_template(tok) -> None:
+    """Give `tok` the pipeline's chat template and the normalizer that deletes its escape (a tokenizer without a
+    `tokenizers` backend gets the template without escaping: it could not delete the escape)."""
+    if getattr(tok, "backend_tokenizer", None) is None:
+        tok.chat_template = chat_template(())
+        return
+    install(tok)
+    tok.chat_template = chat_template(tuple(tok.all_special_tokens))
 
 
 def _texts(path: Path) -> Iterator[str]:
@@ -75,7 +93,7 @@ def train_bpe(texts: Iterator[str], vocab_size: int, min_frequency: int, model_m
         additional_special_tokens=list(ROLE_TOKENS),
         model_max_length=model_max_length,
     )
-    tok.chat_template = CHAT_TEMPLATE
+    _use_our_chat_template(tok)
     return tok
 
 
@@ -106,7 +124,7 @@ def load_pretrained(name_or_path: str, model_max_length: int, trust_remote_code:
         tok.add_special_tokens({"pad_token": PAD})
     if tok.chat_template is None:
         tok.add_special_tokens({"additional_special_tokens": list(ROLE_TOKENS)})
-        tok.chat_template = CHAT_TEMPLATE
+        _use_our_chat_template(tok)
     mark_generation(tok, key)
     tok.model_max_length = model_max_length
     return tok
@@ -159,7 +177,7 @@ def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:
         tok = load_pretrained(cfg.name_or_path, cfg.model_max_length, trust_remote_code)
     sample = [row["text"] for row in read_jsonl(data / "validation.jsonl")]
     n_chars = sum(len(t) for t in sample)
-    n_tokens = sum(len(ids) for ids in tok(sample, verbose=False)["input_ids"]) if sample else 0
+    n_tokens = sum(len(ids) for ids in tok(sample, split_special_tokens=True, verbose=False)["input_ids"]) if sample else 0
     with atomic_dir(params.paths.out(params.paths.tokenizer)) as tmp:
         tok.save_pretrained(tmp)
     log.info("tokenizer: %d tokens, %.2f characters per token on validation", len(tok), n_chars / max(n_tokens, 1))

@@ -138,16 +138,17 @@ class Rollout:
         )
 
     @torch.no_grad()
-    def score(self, batch: Batch, texts: list[str], names: list[str]) -> Tensor:
+    def score(self, batch: Batch, turns: list[list[dict[str, str]]], names: list[str]) -> Tensor:
         """Raw sequence scores ``(B,)``: the reward model's score of the last real token, plus the weighted
-        reward functions of the plain prompt and the completion."""
-        scores = torch.zeros(len(texts), device=self.accelerator.device)
+        reward functions of the prompt's turns and the completion (called as GRPO's TRL calls them)."""
+        scores = torch.zeros(len(turns), device=self.accelerator.device)
         if self.reward_model is not None:
             hidden = hidden_states(self.reward_model, batch.input_ids, batch.attention_mask)
             last = batch.input_ids.shape[1] - batch.response_len + batch.mask.sum(1) - 1
-            scores += self.reward_model.score(hidden[torch.arange(len(texts)), last]).squeeze(-1).float()
+            scores += self.reward_model.score(hidden[torch.arange(len(turns)), last]).squeeze(-1).float()
         if self.cfg.rewards:
-            scores += compute_rewards(self.cfg.rewards, texts, batch.completions, names).to(scores.device)
+            ids = [r[m.bool()].tolist() for r, m in zip(batch.responses, batch.mask)]
+            scores += compute_rewards(self.cfg.rewards, turns, batch.completions, names, ids).to(scores.device)
         return scores
 
     @torch.no_grad()
@@ -163,7 +164,7 @@ class Rollout:
         batch = self.generate([self.train.ids[i] for i in indices])
         generation_s = time.perf_counter() - start
         with acc.autocast():
-            raw = self.score(batch, [self.train.texts[i] for i in indices], [self.train.names[i] for i in indices])
+            raw = self.score(batch, [self.train.turns[i] for i in indices], [self.train.names[i] for i in indices])
             parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "entropy": [], "values": []}
             for s in chunks(len(indices), cfg.per_device_train_batch_size):
                 ids, am = batch.input_ids[s], batch.attention_mask[s]
@@ -219,7 +220,7 @@ class Rollout:
             torch.manual_seed(cfg.seed)
             for s in chunks(len(self.valid.ids), cfg.per_device_eval_batch_size):
                 batch = self.generate(self.valid.ids[s])
-                scores.append(self.score(batch, self.valid.texts[s], self.valid.names[s]))
+                scores.append(self.score(batch, self.valid.turns[s], self.valid.names[s]))
                 lengths.append(batch.mask.sum(1).float())
         return {
             "eval_reward": torch.cat(scores).mean().item(),
