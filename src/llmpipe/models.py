@@ -1,5 +1,8 @@
-"""Build a transformers causal LM from ``model:`` params, or load a saved one; save models as standard
-Hugging Face directories (safetensors + config + tokenizer with its chat template).
+"""Build a transformers causal LM from ``model:`` params, or load a saved one (or ``model.init_from``); save models as
+standard Hugging Face directories (safetensors + config + tokenizer with its chat template).
+
+A model folder may be a pointer to ``model.init_from`` instead (`llmpipe.model_source`): every loader here
+resolves it, so a stage, the baseline and evaluation read a pointer and a full folder alike.
 
 Safe loading: every model and tokenizer folder the pipeline reads goes through :func:`load_model` /
 :func:`load_tokenizer` (or :func:`load_pretrained`), which refuse, unless the caller trusts the folder
@@ -14,15 +17,16 @@ Safe loading: every model and tokenizer folder the pipeline reads goes through :
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
+from llmpipe.adapter_folders import check_adapter, is_adapter, load_adapter
 from llmpipe.config import ModelParams
 from llmpipe.core.errors import UserError, root_cause
 from llmpipe.core.io import atomic_dir, safetensors_problem
+from llmpipe.model_source import attn_kwargs, checked_source, read_pointer, weights_dir
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +65,43 @@ def build_model(cfg: ModelParams, tokenizer):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **attn_kwargs(cfg.attn_implementation),
     )
     torch.manual_seed(cfg.init_seed)
     return LlamaForCausalLM(config)
+
+
+def init_model(cfg: ModelParams, tokenizer, trust_remote_code: bool = False):
+    """The model the pipeline starts from: :func:`build_model` for ``init_from: scratch``, else the
+    ``model.init_from`` model, checked (architecture, vocabulary) and fitted to the pipeline tokenizer.
+
+    Args:
+        cfg: ``model`` params.
+        tokenizer: The pipeline tokenizer (for a loaded model: the one the tokenizer stage adopted from it).
+        trust_remote_code: Let pickled weights and ``auto_map`` code through.
+
+    Raises:
+        UserError: The source cannot be found, transformers cannot load its architecture, or its vocabulary does
+            not match the tokenizer (each names ``model.init_from``); ``model.attn_implementation`` is unavailable.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if cfg.scratch:
+        return build_model(cfg, tokenizer)
+    source = checked_source(cfg, tokenizer, trust_remote_code)
+    model = load_pretrained(AutoModelForCausalLM, source, "model.init_from: give a saved model folder",
+                            trust_remote_code, **attn_kwargs(cfg.attn_implementation))
+    return fit_embeddings(model, len(tokenizer))
+
+
+def fit_embeddings(model, num_tokens: int):
+    """`model` with at least `num_tokens` embedding rows: rows for the tokens the tokenizer stage added to an adopted
+    tokenizer (a pad token, role tokens), initialised at the mean of the others (transformers' `mean_resizing`)."""
+    if model.get_input_embeddings().num_embeddings < num_tokens:
+        log.info("resizing the embedding from %d to %d rows for the tokens the pipeline tokenizer adds",
+                 model.get_input_embeddings().num_embeddings, num_tokens)
+        model.resize_token_embeddings(num_tokens, mean_resizing=True)
+    return model
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -108,14 +146,10 @@ def check_model_dir(path: str | Path, what: str, trust_remote_code: bool = False
         UserError: No ``config.json``, a broken one, an untrusted ``auto_map``, no weights, a truncated
             safetensors file, or (untrusted) weights only as pickles; the message names the file and the fix.
     """
-    path = Path(path)
+    path = weights_dir(path)
     config = path / "config.json"
-    if (path / ADAPTER_CONFIG).exists() and not config.exists():
-        weights = path / "adapter_model.safetensors"
-        if problem := safetensors_problem(weights) if weights.exists() else "no such file":
-            raise UserError(f"{weights}: damaged or missing adapter ({problem}); {what}")
-        check_model_dir(adapter_base(path), f"it is the base model of the adapter {path}", trust_remote_code)
-        return
+    if is_adapter(path):
+        return check_adapter(path, what, trust_remote_code)
     if not config.exists():
         raise UserError(f"{path}: no model there; {what}")
     _refuse_auto_map(config, trust_remote_code)
@@ -150,72 +184,49 @@ def load_pretrained(auto_class, path: str | Path, what: str, trust_remote_code: 
 
     Args:
         auto_class: A transformers auto class, e.g. `AutoModelForSequenceClassification`.
-        path: A `save_pretrained` directory.
+        path: A `save_pretrained` directory, or a pointer to ``model.init_from`` (loaded from there, its embedding
+            resized to the pointer's ``vocab_size``).
         what: The fix to name when it is missing.
         trust_remote_code: Let pickled weights and ``auto_map`` code through.
-        **kwargs: More `from_pretrained` keywords (e.g. ``num_labels``).
+        **kwargs: More `from_pretrained` keywords (e.g. ``num_labels``, ``attn_implementation``).
 
     Raises:
         UserError: The folder fails :func:`check_model_dir`, or transformers cannot load it (one line).
     """
     check_model_dir(path, what, trust_remote_code)
+    pointer, source = read_pointer(path), weights_dir(path)
     try:
-        return auto_class.from_pretrained(path, **pretrained_kwargs(trust_remote_code), **kwargs)
+        model = auto_class.from_pretrained(source, **pretrained_kwargs(trust_remote_code), **kwargs)
     except (OSError, ValueError) as err:  # transformers' errors for folders it cannot read
         raise UserError(f"{path}: cannot load the model: {root_cause(err)}") from None
+    return model if pointer is None else fit_embeddings(model, pointer["vocab_size"])
 
 
-ADAPTER_CONFIG = "adapter_config.json"
-"""What makes a folder a peft adapter (``peft.merge: false``) rather than a model."""
-
-
-def adapter_base(path: Path) -> Path:
-    """The model folder an adapter folder was trained on (its ``base_model_name_or_path``; relative paths are from
-    the repository root, where stages run)."""
-    base = read_config(path / ADAPTER_CONFIG).get("base_model_name_or_path")
-    if not base:
-        raise UserError(f"{path / ADAPTER_CONFIG}: no base_model_name_or_path; save the adapter again")
-    return Path(base)
-
-
-def model_config(path: str | Path) -> dict[str, Any]:
-    """A model folder's ``config.json``, or for an adapter folder its base model's."""
-    path = Path(path)
-    return read_config(path / "config.json") if (path / "config.json").exists() else model_config(adapter_base(path))
-
-
-def _load_adapter(path: Path, what: str, num_labels: int | None, trust_remote_code: bool, **kwargs):
-    """An adapter folder over its base model (itself loaded by :func:`load_model`, so adapters chain), merged into
-    the weights; a virtual-token adapter (prefix or prompt tuning) cannot merge and stays a `peft.PeftModel`."""
-    from peft import PeftModel
-
-    check_model_dir(path, what, trust_remote_code)
-    base = load_model(adapter_base(path), f"it is the base model of the adapter {path}", num_labels,
-                      trust_remote_code, **kwargs)  # fmt: skip
-    model = PeftModel.from_pretrained(base, path)
-    return model if model.peft_config["default"].is_prompt_learning else model.merge_and_unload()
-
-
-def load_model(path: str | Path, what: str, num_labels: int | None = None, trust_remote_code: bool = False, **kwargs):
+def load_model(path: str | Path, what: str, num_labels: int | None = None, trust_remote_code: bool = False,
+               attn_implementation: str | None = None, **kwargs):
     """Load a saved model from a directory: a causal LM, or with `num_labels` a sequence classifier; a peft adapter
-    folder (``adapter_config.json``) loads over its base model.
+    folder (``adapter_config.json``) loads over its base model (`llmpipe.adapter_folders`).
 
     Args:
-        path: A `save_pretrained` directory, or an adapter's.
+        path: A `save_pretrained` directory, a pointer to ``model.init_from`` (:func:`load_pretrained`), or an
+            adapter's.
         what: The fix to name when it is missing, e.g. "run the sft stage first (dvc repro sft)".
         num_labels: Load `AutoModelForSequenceClassification` with this many outputs (1 for a reward model);
             from a causal LM the score head is new and initialised from the torch RNG, so seed first.
         trust_remote_code: Let pickled weights and ``auto_map`` code through (``--trust-remote-code``).
+        attn_implementation: ``model.attn_implementation``; None = transformers' default.
         **kwargs: More `from_pretrained` keywords (QLoRA's ``quantization_config``).
 
     Raises:
         UserError: The directory is missing (names the stage that makes it), or is refused or unreadable
-            (see :func:`load_pretrained`).
+            (see :func:`load_pretrained`), or the attention implementation is unavailable here.
     """
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    if (Path(path) / ADAPTER_CONFIG).exists() and not (Path(path) / "config.json").exists():
-        return _load_adapter(Path(path), what, num_labels, trust_remote_code, **kwargs)
+    if attn_implementation:
+        kwargs |= attn_kwargs(attn_implementation)
+    if is_adapter(path):
+        return load_adapter(Path(path), what, num_labels, trust_remote_code, **kwargs)
     if num_labels is None:
         return load_pretrained(AutoModelForCausalLM, path, what, trust_remote_code, **kwargs)
     return load_pretrained(AutoModelForSequenceClassification, path, what, trust_remote_code, num_labels=num_labels,
@@ -291,10 +302,6 @@ def count_parameters(model, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
-PROBE = "def f(x):\n    return x  # héllo, wörld 🙂 \t<s> </s>"
-"""Text encoded by both tokenizers of :func:`check_same_tokenizer`: code, non-ASCII and special-token text."""
-
-
 def check_pad_token(tokenizer, path: str | Path) -> None:
     """Refuse a tokenizer with no pad token, or whose pad token is its eos token.
 
@@ -321,71 +328,3 @@ def check_pad_token(tokenizer, path: str | Path) -> None:
             f"{path}: the pad token is the eos token ({tokenizer.eos_token!r}, id {tokenizer.eos_token_id}): padding "
             f"is masked out of the labels, so the eos would be too and the model would never learn to stop; {fix}"
         )
-
-
-def _sha(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
-
-
-def tokenizer_digest(tokenizer) -> dict[str, str]:
-    """Short hashes of what makes two tokenizers encode alike, one per part.
-
-    Returns:
-        ``vocab`` (the backend's model — vocabulary and merges — normalizer, pre-tokenizer and added tokens;
-        for a tokenizer without a `tokenizers` backend, its vocabulary), ``special_tokens`` (bos/eos/pad/unk
-        text and ids), ``chat_template``, and ``probe``: the ids of :data:`PROBE` encoded plain and as a
-        user + assistant chat.
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        state = json.loads(backend.to_str())
-        vocab = {k: state.get(k) for k in ("model", "normalizer", "pre_tokenizer", "added_tokens")}
-    else:
-        vocab = sorted(tokenizer.get_vocab().items())
-    special = {f"{k}_token": [getattr(tokenizer, f"{k}_token"), getattr(tokenizer, f"{k}_token_id")]
-               for k in ("bos", "eos", "pad", "unk")}
-    probe: list[Any] = [tokenizer(PROBE, add_special_tokens=False)["input_ids"]]
-    if tokenizer.chat_template:
-        chat = [{"role": "user", "content": PROBE}, {"role": "assistant", "content": PROBE}]
-        probe.append(tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"])
-    return {"vocab": _sha(vocab), "special_tokens": _sha(special), "chat_template": _sha(tokenizer.chat_template),
-            "probe": _sha(probe)}
-
-
-def check_same_tokenizer(model_dir: str | Path, tokenizer, tokenizer_dir: str | Path) -> None:
-    """Refuse a stage's input model whose tokenizer or chat template is not the pipeline's.
-
-    Every stage saves its tokenizer beside its model (`modeling.save_model`), so a model directory says which
-    tokenizer it was trained with. A model from before a tokenizer change reads the same ids as other text
-    (or renders chats in another format) and trains on without an error. A directory without tokenizer files
-    is checked only for an embedding large enough for the pipeline's vocabulary.
-
-    Args:
-        model_dir: The input model directory (e.g. ``models/sft``).
-        tokenizer: The pipeline tokenizer, loaded from `tokenizer_dir`.
-        tokenizer_dir: ``paths.tokenizer``.
-
-    Raises:
-        UserError: The two differ (the message names both paths, the parts that differ — vocab,
-            special_tokens, chat_template, probe — and the fix), or the model's ``vocab_size`` is smaller than
-            the tokenizer's.
-    """
-    from transformers import AutoTokenizer
-
-    model_dir = Path(model_dir)
-    fix = (f"rerun the stages after the tokenizer (dvc repro), or point paths.tokenizer at the tokenizer "
-           f"{model_dir} was trained with")
-    known = (model_dir / "config.json").exists() or (model_dir / ADAPTER_CONFIG).exists()
-    vocab_size = model_config(model_dir).get("vocab_size") if known else None
-    if vocab_size is not None and vocab_size < len(tokenizer):
-        raise UserError(f"{model_dir} has {vocab_size} embedding rows but {tokenizer_dir} has {len(tokenizer)} "
-                        f"tokens: the model was trained with another tokenizer; {fix}")
-    if not (model_dir / "tokenizer_config.json").exists():
-        log.warning("%s: no tokenizer saved beside the model; cannot check it matches %s", model_dir, tokenizer_dir)
-        return
-    own = tokenizer_digest(AutoTokenizer.from_pretrained(model_dir))
-    ours = tokenizer_digest(tokenizer)
-    differ = [k for k in ours if own[k] != ours[k]]
-    if differ:
-        raise UserError(f"{model_dir} and {tokenizer_dir} are different tokenizers (they differ in: "
-                        f"{', '.join(differ)}): {model_dir} was trained with another tokenizer or chat template; {fix}")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmpipe.adapter_folders import ADAPTER_CONFIG
 from llmpipe.core.errors import UserError, root_cause
 from llmpipe.core.io import safetensors_problem
 from llmpipe.models import (
@@ -24,9 +25,6 @@ from llmpipe.models import (
 )
 
 log = logging.getLogger(__name__)
-
-ADAPTER_CONFIG = "adapter_config.json"
-"""A folder with this file is a peft adapter (``save_pretrained`` of a `PeftModel`), loaded over its base model."""
 
 SAVED = "give a folder written by save_pretrained (a stage's models/<stage>, or your own model)"
 

@@ -31,10 +31,19 @@ class LocalSourceParams(Section):
     """Users' own files (a file, or a folder of one format: .jsonl, .json, .parquet, .csv, and .txt for pretraining
     text) per dataset kind; null = none.
 
-    `sft` and `preference` are read whenever `data.source` is not 'stdlib' (which brings its own).
+    `sft` and `preference` are read whenever `data.source` is not 'stdlib' (which brings its own; setting them
+    with it is an error). `pretrain` may be null when nothing is pretrained (`pretrain.enabled: false` with a
+    `model.init_from`): the pretraining splits are then empty.
     """
 
-    pretrain: str | None = Field(None, description="Text documents: .txt files, or records with a `text` column.")
+    pretrain: str | None = Field(
+        None, description="Text documents: .txt files, or records with a `text` column; null = no pretraining text."
+    )
+    txt_sample_by: Literal["auto", "document", "paragraph"] = Field(
+        "auto",
+        description="How .txt pretraining files become documents: each file whole, or each blank-line-separated "
+        "paragraph; auto = paragraphs of a single file given by itself, whole files of a folder.",
+    )
     sft: str | None = Field(None, description="SFT records in one of the shapes of `sft_format`.")
     preference: str | None = Field(None, description="Preference records in one of the shapes of `preference_format`.")
     vlm: str | None = Field(None, description="Image question/answer records for `vlm`: a folder with train.jsonl "
@@ -225,8 +234,6 @@ class DataParams(Section):
                 f"data.stdlib.min_body_lines ({self.stdlib.min_body_lines}) exceeds data.stdlib.max_body_lines "
                 f"({self.stdlib.max_body_lines})"
             )
-        if self.source == "local" and self.local.pretrain is None:
-            raise ValueError("data.source is 'local' but data.local.pretrain is not set: give a file or folder path")
         if self.source == "hf" and self.hf.dataset_name is None:
             raise ValueError(
                 "data.source is 'hf' but neither data.hf.dataset_name nor data.hf.preset is set: give a dataset name, "
@@ -256,6 +263,16 @@ class DataParams(Section):
             if getattr(self.local, kind) is not None and hub.dataset_name is not None:
                 raise ValueError(f"data.local.{kind} and data.hf_{kind}.dataset_name are both set: give one (set the "
                                  "other to null)")
+        if self.source == "stdlib":  # the stdlib corpus builds its own SFT and preference pairs
+            given = [k for k, v in (("data.local.sft", self.local.sft), ("data.local.preference", self.local.preference),
+                                    ("data.hf_sft.dataset_name", self.hf_sft.dataset_name),
+                                    ("data.hf_preference.dataset_name", self.hf_preference.dataset_name)) if v]
+            if given:
+                raise ValueError(
+                    f"{given[0]} is set but data.source is 'stdlib', which builds its own SFT and preference pairs and "
+                    "would ignore it: set data.source: local (data.local.pretrain may stay null when nothing is "
+                    f"pretrained), or set {given[0]} to null"
+                )
         return self
 
 

@@ -100,6 +100,23 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
+    def _start_is_given(self) -> Params:
+        m = self.model
+        if not self.pretrain.enabled and m.scratch:
+            raise ValueError("pretrain.enabled is false but model.init_from is scratch: there is no model to start "
+                             "from; give a local model folder or hub id in model.init_from, or set pretrain.enabled: true")
+        if not m.scratch and self.tokenizer.kind == "pretrained":
+            raise ValueError(f"tokenizer.kind is 'pretrained' but model.init_from ({m.init_from}) brings its own "
+                             "tokenizer, which the tokenizer stage adopts: set tokenizer.kind: train (unread then)")
+        needs_text = m.scratch or self.pretrain.enabled  # a BPE to train, or blocks to pretrain on
+        if needs_text and self.data.source == "local" and self.data.local.pretrain is None:
+            raise ValueError(
+                "data.source is 'local' but data.local.pretrain is not set: give a file or folder path (it may stay "
+                "null only when nothing is pretrained: model.init_from set and pretrain.enabled: false)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _stream_has_budget(self) -> Params:
         if self.data.streaming and self.pretrain.resolved_max_steps <= 0:
             raise ValueError(

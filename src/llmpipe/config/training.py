@@ -32,8 +32,18 @@ MaxEvalSamples = Annotated[int, Field(gt=0, description="Validation examples use
 
 
 class ModelParams(Section):
-    """Architecture of the model `pretrain` builds (transformers `LlamaConfig` names)."""
+    """The model the pipeline starts from: built from scratch (the architecture keys, transformers `LlamaConfig`
+    names) or loaded from `init_from` (then the architecture keys are unread)."""
 
+    init_from: str = Field(
+        "scratch",
+        min_length=1,
+        description="scratch (a new Llama of the keys below), a local model folder, or a hub model id.",
+    )
+    revision: str | None = Field(None, description="Hub branch, tag or commit of init_from; null = main.")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa", description="Attention kernel of built and loaded models (flash_attention_2: CUDA with flash-attn)."
+    )
     arch: Literal["llama"] = Field("llama", description="Model family.")
     hidden_size: int = Field(256, gt=0, description="Width of the residual stream.")
     num_hidden_layers: int = Field(4, gt=0, description="Number of decoder layers.")
@@ -47,8 +57,16 @@ class ModelParams(Section):
     tie_word_embeddings: bool = Field(True, description="Share input embedding and LM head.")
     init_seed: int = Field(0, description="Seed of the random weight init (pretrain and the baseline start from it).")
 
+    @property
+    def scratch(self) -> bool:
+        """Whether the pipeline builds its model (``init_from: scratch``) rather than loading one."""
+        return self.init_from == "scratch"
+
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelParams:
+        if self.revision is not None and self.scratch:
+            raise ValueError("model.revision is set but model.init_from is scratch: give a hub id in model.init_from "
+                             "or remove model.revision")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"model.num_attention_heads ({self.num_attention_heads}) must divide model.hidden_size "
@@ -154,6 +172,11 @@ class TrainParams(Section):
 class PretrainParams(TrainParams):
     """`pretrain`: causal-LM training on packed blocks of `max_length` tokens (documents joined by eos)."""
 
+    enabled: bool = Field(
+        True,
+        description="false: no pretraining; models/pretrain is a pointer to model.init_from (needs one), so sft "
+        "starts from it.",
+    )
     max_steps: MaxSteps = 300
     weight_decay: WeightDecay = 0.1
     steps_per_epoch: int | None = Field(

@@ -17,8 +17,14 @@ from llmpipe.core.errors import UserError, root_cause
 from llmpipe.core.io import decode_line, read_jsonl
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
-"""File suffix → `datasets` loader. A .txt file is one document; the others hold one record per row (a .json file
+"""File suffix → `datasets` loader. A .txt file is one document, or one per paragraph (:data:`TXT_SAMPLE_BY`); the
+others hold one record per row (a .json file
 is a JSON array of records, or JSON lines; a .csv file has a header line)."""
+
+
+TXT_SAMPLE_BY = ("document", "paragraph")
+"""How a .txt file is cut into records (the `datasets` text loader's ``sample_by``): whole, or at each blank line
+(``\n\n``; empty paragraphs dropped)."""
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,8 @@ class DataFiles:
         format: ``json``, ``parquet``, ``csv`` or ``text`` (a `datasets` packaged loader); ``""`` for a dataset
             folder given as a hub dataset name (e.g. `data.hf.dataset_name`), which `datasets` reads by its own rules.
         files: The files, sorted; hidden files and folders are ignored.
-        num_records: Records in each file (a .txt file is one); empty for a `data.hf.dataset_name` folder.
+        num_records: Records in each file; empty for a `data.hf.dataset_name` folder.
+        sample_by: How .txt files are cut into records (one of :data:`TXT_SAMPLE_BY`).
     """
 
     key: str
@@ -39,6 +46,7 @@ class DataFiles:
     format: str
     files: tuple[Path, ...]
     num_records: tuple[int, ...] = ()
+    sample_by: str = "document"
 
     def rel(self, file: Path) -> str:
         """`file` relative to the given folder (its name when a single file was given)."""
@@ -58,8 +66,14 @@ class Row:
         return f"{files.key}: {files.root if files.root.is_file() else files.root / self.source} row {self.number}"
 
 
-def find_files(path: str | Path, key: str) -> DataFiles:
+def find_files(path: str | Path, key: str, txt_sample_by: str = "document") -> DataFiles:
     """The data files at `path` (a file, or a folder searched recursively), checked before any loading.
+
+    Args:
+        path: A file or folder.
+        key: The params key that names it (in messages).
+        txt_sample_by: How .txt files are cut into records: one of :data:`TXT_SAMPLE_BY`, or ``auto`` (a single
+            file given by itself: one record per paragraph; the files of a folder: one record each).
 
     Raises:
         UserError: The path does not exist, a folder has no files, a suffix is not one of :data:`FORMATS`,
@@ -80,8 +94,11 @@ def find_files(path: str | Path, key: str) -> DataFiles:
     formats = {FORMATS[f.suffix.lower()] for f in files}
     if len(formats) > 1:
         raise UserError(f"{key}: {root} mixes formats ({', '.join(sorted(formats))}); keep one format per dataset")
-    counts = tuple(count_records(f, key) for f in files)
-    return DataFiles(key, root, formats.pop(), tuple(files), counts)
+    fmt = formats.pop()
+    sample_by = txt_sample_by if txt_sample_by != "auto" else "paragraph" if root.is_file() else "document"
+    sample_by = sample_by if fmt == "text" else "document"
+    counts = tuple(count_records(f, key, sample_by) for f in files)
+    return DataFiles(key, root, fmt, tuple(files), counts, sample_by)
 
 
 def _hidden(rel: Path) -> bool:
@@ -92,8 +109,9 @@ def _suffixes() -> str:
     return f"{', '.join(list(FORMATS)[:-1])} or {list(FORMATS)[-1]}"
 
 
-def count_records(file: Path, key: str) -> int:
-    """Records in a data file (a .txt file is one document), checking every text, jsonl and json line is UTF-8,
+def count_records(file: Path, key: str, sample_by: str = "document") -> int:
+    """Records in a data file (a .txt file: one document, or its non-empty paragraphs by `sample_by`, as the
+    `datasets` text loader cuts them), checking every text, jsonl and json line is UTF-8,
     every jsonl line or json array item is a JSON object, and a csv file parses.
 
     Raises:
@@ -112,9 +130,9 @@ def count_records(file: Path, key: str) -> int:
             raise UserError(f"{key}: {file} is not a readable parquet file ({root_cause(err)})") from None
     else:
         try:
-            if suffix == ".txt":  # one document: only its encoding is checked
+            if suffix == ".txt":
                 _check_utf8(file)
-                num = 1
+                num = 1 if sample_by == "document" else _count_paragraphs(file)
             elif suffix == ".jsonl":
                 num = len(read_jsonl(file))
             else:
@@ -136,6 +154,13 @@ def _utf8_lines(file: Path) -> Iterator[str]:
 def _check_utf8(file: Path) -> None:
     for _ in _utf8_lines(file):
         pass
+
+
+def _count_paragraphs(file: Path) -> int:
+    """Non-empty paragraphs the `datasets` text loader yields (``sample_by="paragraph"``: universal newlines, then a
+    split at every ``\n\n``)."""
+    with open(file, encoding="utf-8") as fh:
+        return sum(1 for part in fh.read().split("\n\n") if part)
 
 
 def _count_json(file: Path) -> int:
@@ -201,10 +226,10 @@ def load_rows(files: DataFiles, cache_dir: str) -> tuple[list[Row], list[str]]:
 
 
 def loader_options(files: DataFiles) -> dict[str, Any]:
-    """Options of `files.format`'s `datasets` loader: a .txt file is one document; a csv cell is text as written
-    (no numbers, and an empty cell is ``""``, not null)."""
+    """Options of `files.format`'s `datasets` loader: a .txt file is cut by `files.sample_by`; a csv cell is text as
+    written (no numbers, and an empty cell is ``""``, not null)."""
     if files.format == "text":
-        return {"sample_by": "document"}
+        return {"sample_by": files.sample_by}
     if files.format == "csv":
         import pandas as pd
         from datasets import Features, Value

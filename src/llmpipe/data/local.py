@@ -25,7 +25,8 @@ def pretrain_documents(files: DataFiles, rows: list[Row], columns: list[str], ma
 
     Raises:
         UserError: jsonl/parquet without a `text` column, or a row whose `text` is not a string or is empty
-            (whitespace only: in users' own files that is an export gone wrong, not a document).
+            (whitespace only: in users' own files that is an export gone wrong, not a document; a whitespace-only
+            paragraph of a .txt file cut by paragraph is skipped).
     """
     _require(columns, ["text"], files, "pretraining data needs a `text` column in jsonl/parquet, or .txt files")
     docs = []
@@ -33,6 +34,8 @@ def pretrain_documents(files: DataFiles, rows: list[Row], columns: list[str], ma
         text = row.values["text"]
         if not isinstance(text, str):
             raise UserError(f"{row.where(files)}: `text` must be a string, got {type(text).__name__}")
+        if not text.strip() and files.sample_by == "paragraph":  # blank lines between paragraphs, not a document
+            continue
         if not text.strip():
             raise UserError(f"{row.where(files)}: `text` is empty (whitespace only); remove the row or give it text")
         docs.append({"text": text[:max_chars], "source": row.source})

@@ -77,8 +77,10 @@ def _load_all(data: DataParams) -> _Loaded:
 
             docs = sample(data, data.stream.sample_documents, cache)
             hub_texts += [d["text"] for d in docs]
+        elif data.source == "local" and data.local.pretrain is None:  # nothing is pretrained (config/params.py)
+            docs = []
         elif data.source == "local":
-            read.append(find_files(data.local.pretrain, "data.local.pretrain"))
+            read.append(find_files(data.local.pretrain, "data.local.pretrain", data.local.txt_sample_by))
             docs = pretrain_documents(read[-1], *load_rows(read[-1], cache), data.max_chars_per_document)
         else:
             docs, files, num_empty = hf_documents(data.hf, data.max_chars_per_document, cache)

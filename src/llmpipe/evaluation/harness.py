@@ -1,7 +1,8 @@
 """Run lm-eval's `simple_evaluate` on a saved model directory and flatten its results.
 
-The model is loaded by lm-eval's own `HFLM` from the directory path, exactly as
-``lm_eval --model hf --model_args pretrained=models/<name>`` would load it.
+The model and tokenizer are loaded by llmpipe's loaders (`llmpipe.models`: safe loading, a pointer to
+``model.init_from`` resolved, ``model.attn_implementation``) and handed to lm-eval's `HFLM`; a full folder loads the
+weights ``lm_eval --model hf --model_args pretrained=models/<name>`` would.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def quiet_lm_eval() -> Iterator[None]:
 
 def context_length(model_dir: Path, requested: int) -> int:
     """`requested` tokens, capped at the model's ``max_position_embeddings`` (RoPE beyond it is untrained)."""
-    from llmpipe.models import model_config
+    from llmpipe.adapter_folders import model_config
 
     config = model_config(model_dir)
     limit = config.get("max_position_embeddings") or requested
@@ -86,18 +87,20 @@ def context_length(model_dir: Path, requested: int) -> int:
 
 
 def evaluate(
-    model_dir: str | Path, names: Sequence[str], manager, cfg: EvalParams, trust_remote_code: bool = False
+    model_dir: str | Path, names: Sequence[str], manager, cfg: EvalParams, trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
 ) -> dict[str, float]:
     """Evaluate the model in `model_dir` on the tasks `names` with lm-eval.
 
     Args:
-        model_dir: A Hugging Face model directory (weights, config, tokenizer), checked by
-            `llmpipe.models.check_model_dir` first: lm-eval loads it with its own `from_pretrained`.
+        model_dir: A Hugging Face model directory (weights, config, tokenizer), or a pointer to
+            ``model.init_from`` with the tokenizer beside it.
         names: Task names `manager` knows.
         manager: From :func:`task_manager`.
         cfg: ``eval`` params: `limit` documents per task, `batch_size`, `max_length` in tokens, and
             `task_options` (tasks with different options are evaluated in separate `simple_evaluate` calls).
-        trust_remote_code: Passed to lm-eval's `HFLM` (``auto_map`` code runs only when true).
+        trust_remote_code: Let pickled weights and ``auto_map`` code load (`llmpipe.models`).
+        attn_implementation: ``model.attn_implementation``.
 
     Returns:
         ``{"<task>.<metric>": value}``, with ``<task>.<metric>_stderr`` where lm-eval computes one and
@@ -109,24 +112,18 @@ def evaluate(
     from lm_eval import simple_evaluate
 
     from llmpipe.evaluation.counting import CountingHFLM
-
-    from llmpipe.models import ADAPTER_CONFIG, load_model
+    from llmpipe.models import load_model, load_tokenizer
 
     model_dir = Path(model_dir)
-    pretrained: Any = str(model_dir)
-    if (model_dir / ADAPTER_CONFIG).exists() and not (model_dir / "config.json").exists():
-        # an adapter (peft.merge: false) over a base that may itself be one: loaded by llmpipe, merged where it can
-        pretrained = load_model(model_dir, "rerun the stage that made it", trust_remote_code=trust_remote_code)
-        pretrained.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+    missing = "run the stage that makes it first"
+    model = load_model(model_dir, missing, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
+    model.to(device="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float32).eval()
     with quiet_lm_eval():
         lm = CountingHFLM(
-            pretrained=pretrained,
-            tokenizer=str(model_dir),
+            pretrained=model,
+            tokenizer=load_tokenizer(model_dir, trust_remote_code, missing),
             batch_size=cfg.batch_size,
             max_length=context_length(model_dir, cfg.max_length),
-            device="cuda" if torch.cuda.is_available() else "cpu",
-            dtype="float32",
-            trust_remote_code=trust_remote_code,
         )
         metrics: dict[str, float] = {}
         for options, group in option_groups(names, cfg.task_options):

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from llmpipe.config import Params
-from llmpipe.models import check_same_tokenizer, load_model, load_tokenizer
+from llmpipe.models import load_model, load_tokenizer
 from llmpipe.stages import REGISTRY, input_paths
+from llmpipe.tokenizer_identity import check_same_tokenizer
 from llmpipe.train import adapters
 from llmpipe.train.checkpoints import ResumeRequest, open_run
 from llmpipe.train.loop import train_stage
@@ -117,9 +118,11 @@ class TrainerStage(ABC):
         return self.tokenizer
 
     def load_model(self, **kwargs):
-        """The model to train, from :attr:`base` (raises UserError naming the stage to run when it is missing);
-        `kwargs` go to `from_pretrained` (QLoRA's quantization config)."""
-        return load_model(self.base, self.missing_base, trust_remote_code=self.trust_remote_code, **kwargs)
+        """The model to train, from :attr:`base` (raises UserError naming the stage to run when it is missing); a
+        pointer there (``pretrain.enabled: false``) loads ``model.init_from``. `kwargs` go to `from_pretrained`
+        (QLoRA's quantization config)."""
+        return load_model(self.base, self.missing_base, trust_remote_code=self.trust_remote_code,
+                          attn_implementation=self.params.model.attn_implementation, **kwargs)  # fmt: skip
 
     @property
     def adapter(self) -> bool:

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def model_dir(params: Params, model: str, trust_remote_code: bool = False) -> Path:
-    """The directory of `model`, checked (`llmpipe.models.check_model_dir`: lm-eval loads it by path).
+    """The directory of `model` (or a pointer to ``model.init_from``), checked (`llmpipe.models.check_model_dir`).
 
     Raises:
         UserError: `model` is not in ``eval.models``, or its directory holds no model yet or is refused
@@ -54,7 +54,7 @@ def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str
     """Evaluate ``<paths.models>/<model>`` on ``eval.tasks``.
 
     Args:
-        params: Validated params; reads ``paths`` and ``eval``.
+        params: Validated params; reads ``paths``, ``eval`` and ``model.attn_implementation``.
         model: A name in ``eval.models``.
         trust_remote_code: Load a model folder with pickled weights or ``auto_map`` code
             (``--trust-remote-code``); passed on to lm-eval's loader.
@@ -94,5 +94,6 @@ def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str
         if names:
             manager = harness.task_manager(names, work)
             check_fewshot(manager, {n: o for n, o in params.eval.task_options.items() if n in names})
-            metrics |= harness.evaluate(path, names, manager, params.eval, trust_remote_code)
+            metrics |= harness.evaluate(path, names, manager, params.eval, trust_remote_code,
+                                        params.model.attn_implementation)
     return metrics

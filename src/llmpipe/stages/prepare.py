@@ -60,7 +60,8 @@ def run(params: Params) -> dict[str, float]:
         from llmpipe.data.sources import use_validation_source
 
         use_validation_source(corpus, params.data)
-    _check_nonempty(corpus, data_key(params.data))
+    if params.data.source != "local" or params.data.local.pretrain is not None:  # null: nothing is pretrained
+        _check_nonempty(corpus, data_key(params.data))
     corpus, counts = deduplicate(corpus, dedup, params.data.dedup)
     evals = eval_sets(corpus, params.data)
     images = write_images(root / "vlm", params.data)  # first: a refused image record leaves the text as it was
@@ -162,7 +163,7 @@ def deduplicate(corpus: Corpus, dedup: Deduplicator | None, params: DedupParams)
             for doc in corpus.pretrain[split]:
                 dedup.add_reference(doc["text"])
     kept = [doc for doc in train if dedup.check(doc["text"]) is None]
-    if not kept:
+    if train and not kept:
         seen = params.seen_hashes_path
         hint = (f"; {seen} records what earlier runs kept, so a rerun over the same data drops it all: remove that "
                 "file or set data.dedup.seen_hashes_path to another" if seen and Path(seen).exists() else "")

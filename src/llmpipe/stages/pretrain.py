@@ -1,4 +1,6 @@
-"""`pretrain` stage: causal-LM training of a Llama model built from ``model:`` params on packed token blocks.
+"""`pretrain` stage: causal-LM training of a Llama model built from ``model:`` params — or continued pretraining of
+``model.init_from`` — on packed token blocks. With ``pretrain.enabled: false`` it trains nothing and writes a pointer
+to ``model.init_from`` (`llmpipe.model_source`), so sft starts from the given model without a copy of it.
 
 The `tokenize` stage has tokenized the documents once, joined with eos, into ``<paths.data>/tokens/``; this
 stage memory-maps those ids and cuts them into blocks of ``max_length`` tokens (GPT-2 style packing), so no
@@ -18,10 +20,12 @@ from pathlib import Path
 from llmpipe.config import Params
 from llmpipe.core.errors import UserError
 from llmpipe.data.tokens import PackedBlocks, token_blocks
-from llmpipe.models import build_model, count_parameters, load_tokenizer
+from llmpipe.model_source import write_pointer
+from llmpipe.models import count_parameters, init_model, load_tokenizer
 from llmpipe.train.arguments import training_kwargs
+from llmpipe.train.callbacks import write_ledger
 from llmpipe.train.checkpoints import ResumeRequest, open_run
-from llmpipe.train.loop import train_stage
+from llmpipe.train.loop import train_stage, write_plots
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +76,22 @@ def inputs(params: Params) -> list[Path]:
     return [*train, tokens / "validation", Path(params.paths.tokenizer)]
 
 
+def skip(params: Params, tokenizer, trust_remote_code: bool = False) -> dict[str, float]:
+    """``pretrain.enabled: false``: the pointer to ``model.init_from`` as models/pretrain, and the stage's other DVC
+    outputs (logs) empty, as a run of no steps leaves them."""
+    pointer = write_pointer(params.paths.out(params.paths.models, "pretrain"), params.model, tokenizer,
+                            trust_remote_code)
+    logs = params.paths.out(params.paths.logs, "pretrain")
+    (logs / "tensorboard").mkdir(parents=True, exist_ok=True)
+    (logs / "samples.jsonl").write_text("")
+    write_plots([], logs)
+    write_ledger([], logs)
+    return {"steps": 0, "vocab_size": pointer["vocab_size"]}
+
+
 def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
-    """Pretrain from random init; save models/pretrain. Returns losses, steps, tokens/s (see `train_stage`).
+    """Pretrain from random init or ``model.init_from``; save models/pretrain. Returns losses, steps, tokens/s
+    (see `train_stage`); with ``pretrain.enabled: false`` (:func:`skip`), 0 steps and the pointer's ``vocab_size``.
 
     Args:
         params: Validated params; reads ``paths``, ``model``, ``pretrain`` and ``distributed``.
@@ -82,14 +100,17 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
 
     Raises:
         UserError: ``pretrain.max_length`` exceeds the model's context, or a token folder is missing, holds less
-            than one block, or was made with another tokenizer than ``paths.tokenizer`` (`data.tokens.read_tokens`).
+            than one block, or was made with another tokenizer than ``paths.tokenizer`` (`data.tokens.read_tokens`);
+            ``model.init_from`` cannot be loaded or does not match the tokenizer (`llmpipe.models.init_model`).
     """
     from llmpipe.train.hooks import trainer_hooks  # imports transformers: not at stage-module import
 
     cfg = params.pretrain
     tokenizer_dir = Path(params.paths.tokenizer)
     tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code)
-    if cfg.max_length > params.model.max_position_embeddings:
+    if not cfg.enabled:
+        return skip(params, tokenizer, trust_remote_code)
+    if params.model.scratch and cfg.max_length > params.model.max_position_embeddings:
         raise UserError(
             f"pretrain.max_length ({cfg.max_length}) exceeds model.max_position_embeddings "
             f"({params.model.max_position_embeddings}); lower one or raise the other"
@@ -102,8 +123,12 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     from llmpipe.train.losses import token_loss  # torch: imported when the stage runs, not with the module
 
     loss = None if cfg.loss.is_default else token_loss(cfg.loss, tokenizer, "pretrain.loss")  # before any work
+    model = init_model(params.model, tokenizer, trust_remote_code)
+    context = getattr(model.config, "max_position_embeddings", None)
+    if context is not None and cfg.max_length > context:
+        raise UserError(f"pretrain.max_length ({cfg.max_length}) exceeds the max_position_embeddings of "
+                        f"model.init_from {params.model.init_from} ({context}); lower pretrain.max_length")
     run = open_run(params, "pretrain", inputs(params), resume)
-    model = build_model(params.model, tokenizer)
     log.info("pretrain: %.2f M parameters", count_parameters(model) / 1e6)
     hooks = trainer_hooks(params, "pretrain", run.path, tokenizer, samples(params, tokenizer, valid))
     if train is not None:

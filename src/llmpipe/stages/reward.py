@@ -117,7 +117,7 @@ class Reward(TrainerStage):
 
         set_seed(self.cfg.seed)  # the score head is initialised at load
         return load_model(self.base, self.missing_base, num_labels=1, trust_remote_code=self.trust_remote_code,
-                          **kwargs)  # fmt: skip
+                          attn_implementation=self.params.model.attn_implementation, **kwargs)  # fmt: skip
 
     def samples(self):
         """None: a reward model scores, it does not generate."""

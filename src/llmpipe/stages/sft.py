@@ -17,7 +17,7 @@ from llmpipe.data.loading import load_split
 from llmpipe.stages.base import TrainerStage
 from llmpipe.train.arguments import training_kwargs
 from llmpipe.train.checkpoints import ResumeRequest
-from llmpipe.train.guards import MaskedBatchGuard, check_no_signal, count_fully_truncated
+from llmpipe.train.guards import MaskedBatchGuard, check_generation_markers, check_no_signal, count_fully_truncated
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ class SFT(TrainerStage):
     def check_data(self, train, valid) -> dict[str, float]:
         """Count the samples with no assistant token within ``sft.max_length`` per split; refuse too many."""
         cfg, counts = self.cfg, {}
+        if cfg.assistant_only_loss:
+            check_generation_markers(self.tokenizer, self.params.paths.tokenizer, f"{self.name}.assistant_only_loss")
         for key, split, training in (("num_fully_truncated", train, True), ("num_fully_truncated_eval", valid, False)):
             counts[key] = count_fully_truncated(split["messages"], self.tokenizer, cfg.max_length,
                                                 cfg.assistant_only_loss)  # fmt: skip

@@ -1,5 +1,6 @@
-"""`tokenizer` stage: a byte-level BPE trained on the pretraining split, or a named tokenizer, saved with
-its special tokens and a chat template to ``paths.tokenizer``."""
+"""`tokenizer` stage: a byte-level BPE trained on the pretraining split, a named tokenizer, or (with
+``model.init_from``) the model's own tokenizer and chat template, saved with its special tokens and a chat template
+to ``paths.tokenizer``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from llmpipe.config import Params
 from llmpipe.core.errors import UserError, root_cause
 from llmpipe.core.io import atomic_dir, read_jsonl
 from llmpipe.data.special import install, jinja_escape
+from llmpipe.model_source import checked_source, resolve
 from llmpipe.models import check_tokenizer_configs
 
 log = logging.getLogger(__name__)
@@ -95,13 +97,16 @@ def train_bpe(texts: Iterator[str], vocab_size: int, min_frequency: int, model_m
     return tok
 
 
-def load_pretrained(name_or_path: str, model_max_length: int, trust_remote_code: bool = False):
-    """Load a named or local tokenizer; add a pad token and our chat template when it has none.
+def load_pretrained(name_or_path: str, model_max_length: int, trust_remote_code: bool = False,
+                    key: str = "tokenizer.name_or_path"):
+    """Load a named or local tokenizer; add a pad token and our chat template when it has none, and
+    ``{% generation %}`` markers to a known template without them (:func:`mark_generation`).
 
     Args:
         name_or_path: A hub name or a local folder.
         model_max_length: Longest sequence in tokens the tokenizer reports.
         trust_remote_code: Let a tokenizer whose config maps to Python code (``auto_map``) load.
+        key: The params key that names it (in messages).
 
     Raises:
         UserError: The tokenizer cannot be found (offline, a hub name must already be in the local cache), or a
@@ -114,26 +119,56 @@ def load_pretrained(name_or_path: str, model_max_length: int, trust_remote_code:
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise UserError(f"tokenizer.name_or_path: cannot load {name_or_path!r}: {root_cause(err)}") from None
+        raise UserError(f"{key}: cannot load the tokenizer of {name_or_path!r}: {root_cause(err)}") from None
     if tok.pad_token is None or tok.pad_token == tok.eos_token:
         tok.add_special_tokens({"pad_token": PAD})
     if tok.chat_template is None:
         tok.add_special_tokens({"additional_special_tokens": list(ROLE_TOKENS)})
         _use_our_chat_template(tok)
+    mark_generation(tok, key)
     tok.model_max_length = model_max_length
     return tok
+
+
+def mark_generation(tok, key: str) -> None:
+    """Give `tok` the training version of its chat template when that has no ``{% generation %}`` markers.
+
+    TRL's `assistant_only_loss` (``sft.assistant_only_loss``) finds the assistant tokens through these markers;
+    most hub templates have none. TRL keeps marked copies of the common families' templates
+    (`trl.chat_template_utils.get_training_chat_template`), which render the same text. For another template
+    the tokenizer is kept as it is with a warning: the sft stage then refuses ``assistant_only_loss``
+    (`llmpipe.train.guards.check_generation_markers`) rather than put the loss on the whole sequence.
+    """
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    if has_generation_markers(tok.chat_template):
+        return
+    try:
+        tok.chat_template = get_training_chat_template(tok) or tok.chat_template
+        log.info("%s: chat template without {%% generation %%} markers; using TRL's marked version of it", key)
+    except ValueError:
+        log.warning("%s: the chat template has no {%% generation %%} markers and TRL has no marked version of it; "
+                    "sft.assistant_only_loss needs them (see the sft stage's message)", key)
 
 
 def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:
     """Build the tokenizer and save it to ``paths.tokenizer``; returns vocab size and characters per token.
 
     Args:
-        params: Validated params; reads ``paths`` and ``tokenizer``.
+        params: Validated params; reads ``paths``, ``tokenizer``, ``model.init_from`` and ``model.revision``.
         trust_remote_code: Let a pretrained tokenizer that maps to Python code load (``--trust-remote-code``).
+
+    Raises:
+        UserError: A missing pretraining split (a BPE to train), or a tokenizer or ``model.init_from`` that cannot
+            be loaded or whose vocabulary does not fit its model.
     """
     cfg = params.tokenizer
     data = Path(params.paths.data, "pretrain")
-    if cfg.kind == "train":
+    if not params.model.scratch:  # the model's own tokenizer: nothing is trained
+        source = resolve(params.model.init_from, params.model.revision)
+        tok = load_pretrained(str(source), cfg.model_max_length, trust_remote_code, "model.init_from")
+        checked_source(params.model, tok, trust_remote_code)
+    elif cfg.kind == "train":
         train_file = data / "train.jsonl"
         if not train_file.exists():
             raise UserError(f"{train_file}: missing; run the prepare stage first (dvc repro prepare)")
@@ -142,7 +177,7 @@ def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:
         tok = load_pretrained(cfg.name_or_path, cfg.model_max_length, trust_remote_code)
     sample = [row["text"] for row in read_jsonl(data / "validation.jsonl")]
     n_chars = sum(len(t) for t in sample)
-    n_tokens = sum(len(ids) for ids in tok(sample, split_special_tokens=True, verbose=False)["input_ids"])
+    n_tokens = sum(len(ids) for ids in tok(sample, split_special_tokens=True, verbose=False)["input_ids"]) if sample else 0
     with atomic_dir(params.paths.out(params.paths.tokenizer)) as tmp:
         tok.save_pretrained(tmp)
     log.info("tokenizer: %d tokens, %.2f characters per token on validation", len(tok), n_chars / max(n_tokens, 1))

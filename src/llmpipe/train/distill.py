@@ -20,7 +20,8 @@ from trl.experimental.gkd import GKDTrainer
 from llmpipe.config import Params
 from llmpipe.config.optim import DistillParams
 from llmpipe.core.errors import UserError
-from llmpipe.models import check_same_tokenizer, load_model
+from llmpipe.models import load_model
+from llmpipe.tokenizer_identity import check_same_tokenizer
 from llmpipe.train.losses import TokenWeightedLoss
 
 TEACHER_STAGES = ("pretrain",)

@@ -57,6 +57,33 @@ def count_fully_truncated(conversations: Iterable[list[dict]], tokenizer, max_le
     return count
 
 
+def check_generation_markers(tokenizer, tokenizer_dir, key: str) -> None:
+    """Refuse assistant-only loss with a chat template that has no ``{% generation %}`` markers.
+
+    Without them `apply_chat_template` returns an all-zero assistant mask: every sample would count as fully
+    truncated (and TRL would swap in a template of its own or fail). Refused before any model loads, naming the fix.
+
+    Args:
+        tokenizer: The pipeline tokenizer.
+        tokenizer_dir: Where it was loaded from (named in the message).
+        key: The stage's ``assistant_only_loss`` key, e.g. ``sft.assistant_only_loss``.
+
+    Raises:
+        UserError: No chat template, or one without the markers.
+    """
+    from trl.chat_template_utils import has_generation_markers
+
+    if tokenizer.chat_template and has_generation_markers(tokenizer.chat_template):
+        return
+    raise UserError(
+        f"{key} is true but the chat template of {tokenizer_dir} has no {{% generation %}} markers, so the assistant's "
+        "tokens cannot be told from the prompt's (TRL knows marked versions only of common families' templates): wrap "
+        "each assistant message's content and its end-of-turn token in {% generation %}…{% endgeneration %} in the "
+        f"model's chat template (tokenizer_config.json or chat_template.jinja) and rerun the tokenizer stage, or set "
+        f"{key}: false to put the loss on every token"
+    )
+
+
 def check_no_signal(count: int, total: int, what: str, fix: str, training: bool = True) -> None:
     """Warn about `count` of `total` samples that carry no learning signal; refuse too many.
 

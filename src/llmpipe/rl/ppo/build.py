@@ -18,14 +18,16 @@ from pathlib import Path
 
 import torch
 
+from llmpipe.adapter_folders import ADAPTER_CONFIG
 from llmpipe.config import Params, PPOParams
 from llmpipe.core.errors import UserError
 from llmpipe.data.tokens import PackedBlocks
 from llmpipe.distributed.launch import check_world
-from llmpipe.models import ADAPTER_CONFIG, check_same_tokenizer, load_model, load_pretrained
+from llmpipe.models import load_model, load_pretrained
 from llmpipe.rl.ppo.loop import PPORun, prompts_per_step
 from llmpipe.rl.ppo.losses import RunningMeanStd
 from llmpipe.rl.prompts import IndexStream, Prompts
+from llmpipe.tokenizer_identity import check_same_tokenizer
 from llmpipe.train import adapters
 from llmpipe.train.arguments import resolve_precision, training_kwargs
 from llmpipe.train.optimizers import muon_with_adamw, schedule_kwargs
@@ -113,10 +115,12 @@ def build(
     set_seed(cfg.seed)
     policy_dir = Path(paths.models, cfg.policy)
     missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
-    peft = cfg.peft
-    policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code, **adapters.load_kwargs(peft, "ppo"))
+    peft, attn = cfg.peft, params.model.attn_implementation
+    policy = load_model(policy_dir, missing, trust_remote_code=trust_remote_code, attn_implementation=attn,
+                        **adapters.load_kwargs(peft, "ppo"))  # fmt: skip
     adapter = peft.method not in ("none", "bitfit")  # the reference is then the policy with its adapter disabled
-    ref_policy = None if adapter else load_model(policy_dir, missing, trust_remote_code=trust_remote_code)
+    ref_policy = None if adapter else load_model(policy_dir, missing, trust_remote_code=trust_remote_code,
+                                                 attn_implementation=attn)  # fmt: skip
     if cfg.max_length > policy.config.max_position_embeddings:
         raise UserError(
             f"ppo.max_length ({cfg.max_length}) exceeds the max_position_embeddings of {policy_dir} "

@@ -1,0 +1,86 @@
+"""Whether a model folder was trained with the pipeline's tokenizer: short hashes of what makes two tokenizers
+encode alike, and the check every stage runs on its input model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from llmpipe.adapter_folders import is_adapter, model_config
+from llmpipe.core.errors import UserError
+
+log = logging.getLogger(__name__)
+
+PROBE = "def f(x):\n    return x  # héllo, wörld 🙂 \t<s> </s>"
+"""Text encoded by both tokenizers of :func:`check_same_tokenizer`: code, non-ASCII and special-token text."""
+
+
+def _sha(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def tokenizer_digest(tokenizer) -> dict[str, str]:
+    """Short hashes of what makes two tokenizers encode alike, one per part.
+
+    Returns:
+        ``vocab`` (the backend's model — vocabulary and merges — normalizer, pre-tokenizer and added tokens;
+        for a tokenizer without a `tokenizers` backend, its vocabulary), ``special_tokens`` (bos/eos/pad/unk
+        text and ids), ``chat_template``, and ``probe``: the ids of :data:`PROBE` encoded plain and as a
+        user + assistant chat.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        state = json.loads(backend.to_str())
+        vocab = {k: state.get(k) for k in ("model", "normalizer", "pre_tokenizer", "added_tokens")}
+    else:
+        vocab = sorted(tokenizer.get_vocab().items())
+    special = {f"{k}_token": [getattr(tokenizer, f"{k}_token"), getattr(tokenizer, f"{k}_token_id")]
+               for k in ("bos", "eos", "pad", "unk")}
+    probe: list[Any] = [tokenizer(PROBE, add_special_tokens=False)["input_ids"]]
+    if tokenizer.chat_template:
+        chat = [{"role": "user", "content": PROBE}, {"role": "assistant", "content": PROBE}]
+        probe.append(tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"])
+    return {"vocab": _sha(vocab), "special_tokens": _sha(special), "chat_template": _sha(tokenizer.chat_template),
+            "probe": _sha(probe)}
+
+
+def check_same_tokenizer(model_dir: str | Path, tokenizer, tokenizer_dir: str | Path) -> None:
+    """Refuse a stage's input model whose tokenizer or chat template is not the pipeline's.
+
+    Every stage saves its tokenizer beside its model (`llmpipe.models.save_model`), so a model directory says which
+    tokenizer it was trained with. A model from before a tokenizer change reads the same ids as other text
+    (or renders chats in another format) and trains on without an error. A directory without tokenizer files
+    is checked only for an embedding large enough for the pipeline's vocabulary.
+
+    Args:
+        model_dir: The input model directory (e.g. ``models/sft``).
+        tokenizer: The pipeline tokenizer, loaded from `tokenizer_dir`.
+        tokenizer_dir: ``paths.tokenizer``.
+
+    Raises:
+        UserError: The two differ (the message names both paths, the parts that differ — vocab,
+            special_tokens, chat_template, probe — and the fix), or the model's ``vocab_size`` is smaller than
+            the tokenizer's.
+    """
+    from transformers import AutoTokenizer
+
+    model_dir = Path(model_dir)
+    fix = (f"rerun the stages after the tokenizer (dvc repro), or point paths.tokenizer at the tokenizer "
+           f"{model_dir} was trained with")
+    known = (model_dir / "config.json").exists() or is_adapter(model_dir)
+    vocab_size = model_config(model_dir).get("vocab_size") if known else None
+    if vocab_size is not None and vocab_size < len(tokenizer):
+        raise UserError(f"{model_dir} has {vocab_size} embedding rows but {tokenizer_dir} has {len(tokenizer)} "
+                        f"tokens: the model was trained with another tokenizer; {fix}")
+    if not (model_dir / "tokenizer_config.json").exists():
+        log.warning("%s: no tokenizer saved beside the model; cannot check it matches %s", model_dir, tokenizer_dir)
+        return
+    own = tokenizer_digest(AutoTokenizer.from_pretrained(model_dir))
+    ours = tokenizer_digest(tokenizer)
+    differ = [k for k in ours if own[k] != ours[k]]
+    if differ:
+        raise UserError(f"{model_dir} and {tokenizer_dir} are different tokenizers (they differ in: "
+                        f"{', '.join(differ)}): {model_dir} was trained with another tokenizer or chat template; {fix}")
