@@ -210,7 +210,7 @@ def test_a_task_whose_every_document_is_too_long_says_so_and_names_the_key(tiny_
     # Past the model's own context (256 positions), raising eval.max_length cannot help: the message says what can.
     assert "train it with a longer model.max_position_embeddings" in evaluate.longer_context(
         "llmpipe_sft_chat", params.eval.model_copy(update={"max_length": 4096}), 256)
-    text = "\n".join(report.tasks_section(["llmpipe_sft_chat"], {"tiny": metrics}))
+    text = "\n".join(tables.tasks_section(["llmpipe_sft_chat"], {"tiny": metrics}))
     assert "Skipped: all 4 documents are longer than the evaluation context" in text and "raise eval.max_length" in text
     assert "evaluation set is empty" not in text
 

@@ -98,7 +98,7 @@ def test_a_users_reward_function_reaches_the_logged_reward(tiny_sft, user_reward
 
     monkeypatch.chdir(tiny_sft)
     raw = yaml.safe_load(Path("params.yaml").read_text())
-    raw["grpo"].update(max_steps=2, save_steps=2, eval_steps=2, rewards=[{"name": f"{user_reward_module}:constant",
+    raw["grpo"].update(max_steps=2, save_steps=2, eval_steps=2, num_eval_prompts=0, rewards=[{"name": f"{user_reward_module}:constant",
                                                                             "weight": 2.0}])  # fmt: skip
     metrics = grpo.run(parse_params(raw))
 

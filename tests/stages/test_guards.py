@@ -150,7 +150,15 @@ def test_every_stage_refuses_an_input_model_trained_with_another_tokenizer(in_ro
     other = train_bpe(iter(stdlib_text("json.decoder", "shlex")), vocab_size=400, min_frequency=2,
                       model_max_length=256)
     other.save_pretrained(tmp_path / "other_tokenizer")
-    params = make_params(tmp_path, paths={"tokenizer": str(tmp_path / "other_tokenizer")})
+    own = {}
+    if stage == "vlm":  # its records are read (and must fit) before any model loads
+        from llmpipe.config.data import ImagesParams
+        from llmpipe.data.images import write_image_set
+
+        if not (in_root / "data" / "vlm").exists():
+            write_image_set(in_root / "data" / "vlm", ImagesParams(num_train=3, num_validation=3, num_test=3))
+        own = {"vlm": {"max_length": 128}}
+    params = make_params(tmp_path, paths={"tokenizer": str(tmp_path / "other_tokenizer")}, **own)
     run = importlib.import_module(f"llmpipe.stages.{stage}").run
     with pytest.raises(UserError, match=rf"models/(pretrain|sft|reward) and {tmp_path / 'other_tokenizer'} are "
                                         "different tokenizers"):

@@ -35,7 +35,9 @@ STDLIB_DATA = {
 
 def make_params(root: Path, data: dict[str, Any]):
     """Params writing under `root`, with the given `data` section."""
-    return parse_params({"paths": {"data": str(root / "data"), "metrics": str(root / "metrics")}, "data": data})
+    images = {"num_train": 3, "num_validation": 3, "num_test": 3}  # the vlm set: drawn, not what these tests check
+    return parse_params({"paths": {"data": str(root / "data"), "metrics": str(root / "metrics")},
+                         "data": {"images": images, **data}})
 
 
 def load(root: Path, sub: str, name: str) -> list[dict[str, Any]]:
@@ -62,8 +64,9 @@ def test_stdlib_same_seed_gives_identical_files(stdlib_run, tmp_path):
     again = prepare.run(make_params(tmp_path, STDLIB_DATA))
     assert again == metrics
     first, second = snapshot(root), snapshot(tmp_path)
-    expected = {f"{s}/{n}.jsonl" for s in SUBSETS for n in SPLITS} | {f"eval/{n}.jsonl" for n in EVAL}
-    assert set(first) == expected | {"pretrain/manifest.json"}
+    expected = {f"{s}/{n}.jsonl" for s in (*SUBSETS, "vlm") for n in SPLITS} | {f"eval/{n}.jsonl" for n in EVAL}
+    images = {f"vlm/images/{s}/{i:05d}.png" for s in SPLITS for i in range(3)}
+    assert set(first) == expected | images | {"pretrain/manifest.json"}
     assert first == second
 
 
@@ -356,12 +359,13 @@ def test_failure_while_writing_leaves_previous_outputs_intact(tmp_path, monkeypa
 
 def test_leftovers_of_a_killed_run_are_removed(tmp_path):
     docs = write_jsonl(tmp_path / "in" / "docs.jsonl", documents(30))
-    leftover = tmp_path / "data" / ".pretrain.tmp-abc123"
-    leftover.mkdir(parents=True)
-    (leftover / "train.jsonl").write_text("half a line")
+    leftovers = [tmp_path / "data" / ".pretrain.tmp-abc123", tmp_path / "data" / ".vlm.tmp-def456"]
+    for leftover in leftovers:
+        leftover.mkdir(parents=True)
+        (leftover / "train.jsonl").write_text("half a line")
     prepare.run(local(tmp_path, pretrain=str(docs)))
-    assert not leftover.exists()
-    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["eval", "preference", "pretrain", "sft"]
+    assert not any(leftover.exists() for leftover in leftovers)
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["eval", "preference", "pretrain", "sft", "vlm"]
 
 
 def test_validation_source_replaces_the_hash_split_and_sources_are_counted(tmp_path):

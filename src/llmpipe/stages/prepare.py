@@ -64,6 +64,9 @@ def run(params: Params) -> dict[str, float]:
         _check_nonempty(corpus, data_key(params.data))
     corpus, counts = deduplicate(corpus, dedup, params.data.dedup)
     evals = eval_sets(corpus, params.data)
+    for folder in (*FOLDERS, "vlm"):  # what a killed run left behind
+        for stale in [*root.glob(f".{folder}.tmp-*"), *root.glob(f".{folder}.old-*")]:
+            _remove(stale)
     images = write_images(root / "vlm", params.data)  # first: a refused image record leaves the text as it was
     write(root, corpus, evals, manifest(corpus, evals, params.data, counts))
     if dedup is not None and params.data.dedup.seen_hashes_path is not None and not params.data.streaming:
@@ -198,9 +201,6 @@ def manifest(
 
 def write(root: Path, corpus: Corpus, evals: dict[str, list[dict[str, Any]]], info: dict[str, Any]) -> None:
     """Write every folder under `root`; all of them are renamed into place only after all were written."""
-    for folder in FOLDERS:
-        for stale in [*root.glob(f".{folder}.tmp-*"), *root.glob(f".{folder}.old-*")]:
-            _remove(stale)
     with contextlib.ExitStack() as stack:
         tmp = {folder: stack.enter_context(atomic_dir(root / folder)) for folder in FOLDERS}
         for kind in DATASETS:
