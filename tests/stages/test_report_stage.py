@@ -1,0 +1,137 @@
+"""The `report` stage: the report card's checks, costs, tables and rows, on metrics written here and on a real tiny
+evaluation (the `evaluate` tests' model and fixtures)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_evaluate import cli_metrics, make_params, tiny_root  # noqa: F401  (fixtures and params of the evaluate tests)
+
+from llmpipe.core.errors import UserError
+from llmpipe.evaluation.checks import rl_reward_gain
+from llmpipe.report import tables
+from llmpipe.stages import report
+
+
+def write_metrics(root: Path, evals: dict[str, dict[str, float]]) -> None:
+    metrics = root / "metrics"
+    (metrics / "eval").mkdir(parents=True)
+    for model, values in evals.items():
+        (metrics / "eval" / f"{model}.json").write_text(json.dumps(values))
+    (metrics / "prepare.json").write_text(json.dumps({"num_files": 700, "wall_time_s": 5.5}))
+    (metrics / "pretrain.json").write_text(json.dumps(
+        {"train_loss": 2.5, "eval_loss": 2.25, "steps": 600, "tokens_per_s": 11234.5, "wall_time_s": 321.0}))
+
+
+def model_metrics(bpb: float, chat: float, plain: float, pref: float, wall: float) -> dict[str, float]:
+    return {"llmpipe_perplexity.bits_per_byte": bpb, "llmpipe_sft_chat.bits_per_byte": chat,
+            "llmpipe_sft_plain.bits_per_byte": plain, "llmpipe_preference.acc_norm": pref,
+            "llmpipe_preference.acc_norm_stderr": 0.03, "llmpipe_sft_chat.num_docs": 200, "llmpipe_signature_mc.num_docs": 0,
+            "wall_time_s": wall}
+
+
+def test_report_passing(tmp_path):
+    write_metrics(tmp_path, {
+        "baseline": model_metrics(4.0, 4.0, 4.1, 0.30, 61.0),
+        "pretrain": model_metrics(2.0, 1.5, 1.6, 0.50, 62.0),
+        "sft": model_metrics(2.1, 1.0, 1.4, 0.55, 63.0),
+        "dpo": model_metrics(2.2, 1.1, 1.5, 0.70, 64.0),
+    })  # fmt: skip
+    _, params = make_params(tmp_path, models=["baseline", "pretrain", "sft", "dpo"])
+    metrics = report.run(params)
+    assert metrics == {"check_pretrain_bpb_ratio": 0.5, "check_sft_chat_bpb_delta": -0.5,
+                       "check_dpo_preference_acc_norm_delta": pytest.approx(0.15), "num_checks": 3, "num_checks_passed": 3,
+                       "cost_sft_bpb_ratio": pytest.approx(1.05), "cost_dpo_bpb_ratio": pytest.approx(2.2 / 2.1)}
+    text = (tmp_path / "reports" / "report.md").read_text()
+    lines = text.splitlines()
+    perplexity = lines[lines.index("### llmpipe_perplexity"):lines.index("### llmpipe_sft_chat")]
+    assert perplexity[2] == "| model | bits_per_byte ↓ |"
+    rows = [line.split(" | ")[0].strip("| ") for line in perplexity[4:] if line.startswith("|")]
+    assert rows == ["baseline", "pretrain", "sft", "dpo"]  # eval.models order
+    assert "| baseline | 4 |" in perplexity and "| dpo | 0.7 |" in text
+    assert "### llmpipe_signature_mc" not in text  # no numbers for it
+    checks = [line for line in lines if line.startswith("- ✓") or line.startswith("- ✗")]
+    assert len(checks) == 3 and all(line.startswith("- ✓") for line in checks)
+    assert "plain format: pretrain 1.6000 → sft 1.4000" in text
+    assert "| prepare | 5.5 |" in text and "| pretrain | 321.0 |" in text and "| evaluate@dpo | 64.0 |" in text
+    assert "| pretrain | 321 | 600 | – | 11234.5 | – | – | – | loss 2.25 | – |" in text  # training stages table
+    assert "llmpipe_signature_mc" in text and "Skipped: its evaluation set is empty" in text
+
+
+def test_report_failing_and_skipped(tmp_path):
+    write_metrics(tmp_path, {
+        "baseline": model_metrics(4.0, 4.0, 4.1, 0.30, 61.0),
+        "pretrain": model_metrics(3.2, 1.5, 1.6, 0.50, 62.0),
+        "sft": model_metrics(3.0, 1.6, 1.4, 0.55, 63.0),
+    })  # fmt: skip
+    _, params = make_params(tmp_path, models=["baseline", "pretrain", "sft"])
+    metrics = report.run(params)
+    assert metrics["check_pretrain_bpb_ratio"] == 0.8 and metrics["check_sft_chat_bpb_delta"] == pytest.approx(0.1)
+    assert "check_dpo_preference_acc_norm_delta" not in metrics
+    assert (metrics["num_checks"], metrics["num_checks_passed"]) == (2, 0)
+    lines = (tmp_path / "reports" / "report.md").read_text().splitlines()
+    assert sum(line.startswith("- ✗") for line in lines) == 2
+    assert any(line.startswith("- –") and "skipped: dpo not in eval.models" in line for line in lines)
+
+
+def test_report_rl_checks_and_drift_table(tmp_path):
+    evals = {"sft": model_metrics(2.1, 1.0, 1.4, 0.55, 63.0), "grpo": model_metrics(2.1, 1.0, 1.4, 0.55, 60.0)}
+    evals["sft"] |= {"llmpipe_generation.score": 0.10, "llmpipe_generation.trivial": 0.01,
+                     "llmpipe_generation.distinct": 0.9}
+    evals["grpo"] |= {"llmpipe_generation.score": 0.16, "llmpipe_generation.trivial": 0.02,
+                      "llmpipe_generation.distinct": 0.05}
+    write_metrics(tmp_path, evals)
+    metrics_dir = tmp_path / "metrics"
+    (metrics_dir / "reward.json").write_text(json.dumps(
+        {"accuracy": 0.8, "accuracy_swap": 0.5, "accuracy_truncate": 0.99, "accuracy_syntax": 0.9}))
+    rl = {"reward_first": 0.2, "reward_first_se": 0.03, "reward_last": 0.325, "reward_last_se": 0.04,
+          "kl_final": 0.05, "response_length_first": 40.0, "response_length_last": 30.0}
+    (metrics_dir / "ppo.json").write_text(json.dumps(rl))  # gain 0.125 / 0.05 = 2.5 s.e.: passes
+    (metrics_dir / "grpo.json").write_text(json.dumps({**rl, "reward_last": 0.29}))  # 1.8 s.e.: fails
+    _, params = make_params(tmp_path, models=["sft", "grpo"])
+    metrics = report.run(params)
+    assert metrics["check_reward_min_accuracy"] == 0.5
+    assert metrics["check_ppo_reward_gain_se"] == pytest.approx(2.5)
+    assert metrics["check_grpo_reward_gain_se"] == pytest.approx(1.8)
+    assert metrics["check_grpo_generation_score_delta"] == pytest.approx(0.06)
+    lines = (tmp_path / "reports" / "report.md").read_text().splitlines()
+    marks = {name: next(line[2] for line in lines if line.startswith("- ") and needle in line)
+             for name, needle in [("reward", "reward model ranks"), ("ppo", "ppo raises"), ("grpo", "grpo raises"),
+                                  ("generation", "grpo's generated bodies")]}
+    assert marks == {"reward": "✗", "ppo": "✓", "grpo": "✗", "generation": "✓"}
+    assert any("trivial bodies: sft 0.010 → grpo 0.020; distinct bodies: sft 0.900 → grpo 0.050" in line
+               for line in lines)
+    assert "| ppo | 0.2 ± 0.03 | 0.325 ± 0.04 | 0.05 nats per response | 40 → 30 |" in lines
+
+
+def test_rl_check_says_what_happened_when_it_has_no_gain_to_measure():
+    flat = {"reward_first": 0.0, "reward_last": 0.0, "frac_zero_std_groups": 1.0}  # se nan: dropped from the metrics
+    check = rl_reward_gain({"grpo": flat}, "grpo")
+    assert check.passed is False and check.value == 0.0, "a run whose rewards never varied learned nothing: it fails"
+    assert "grpo ran, but every group's rewards were equal on every step" in check.detail
+    assert "run the grpo stage" not in check.detail
+    few = rl_reward_gain({"grpo": {**flat, "frac_zero_std_groups": 0.5}}, "grpo")
+    assert few.passed is None and "logged too few steps for a standard error" in few.detail
+    assert "grpo.logging_steps" in few.detail
+    assert "no metrics/ppo.json (run the ppo stage)" in rl_reward_gain({}, "ppo").detail
+
+
+def test_report_needs_every_models_evaluation(tmp_path):
+    write_metrics(tmp_path, {"baseline": model_metrics(4.0, 4.0, 4.1, 0.3, 1.0)})
+    _, params = make_params(tmp_path, models=["baseline", "sft"])
+    with pytest.raises(UserError, match=r"sft\.json: missing; .*dvc repro evaluate@sft"):
+        report.run(params)
+    assert not (tmp_path / "reports").exists()
+
+
+def test_report_on_a_real_evaluation(tiny_root, cli_metrics):
+    """The report reads what the evaluate stage wrote (no checks apply to a lone model)."""
+    _, params = make_params(tiny_root)
+    assert report.run(params) == {"num_checks": 0, "num_checks_passed": 0}
+    text = (tiny_root / "reports" / "report.md").read_text()
+    assert f"| tiny | {tables.fmt(cli_metrics['llmpipe_perplexity.bits_per_byte'])} |" in text
+    assert "| evaluate@tiny |" in text
+
+
