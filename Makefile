@@ -12,7 +12,7 @@ export HF_DATASETS_OFFLINE := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run smoke test test-fast clean-outputs
+.PHONY: install run smoke test test-fast
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)

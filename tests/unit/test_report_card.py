@@ -62,13 +62,14 @@ def test_costs_flag_the_alignment_tax_and_collapsed_answers():
 
 def test_headline_holds_each_stage_target_and_the_counts():
     evals = {"pretrain": {"llmpipe_perplexity.bits_per_byte": 2.123456}, "grpo": {"llmpipe_generation.score": 0.9}}
-    stage_metrics = {"ppo": {"eval_reward": 3.3, "wall_time_s": 100.0}, "reward": {"accuracy": 0.65}}
+    stage_metrics = {"ppo": {"eval_reward": 3.3, "wall_time_s": 100.0}, "reward": {"accuracy": 0.65},
+                     "vlm": {"test_accuracy": 0.71234, "untrained_accuracy": 0.3}}
     passed = checks.Check("c", "m", 1.0, True, "")
     flagged = checks.Check("c", "m", 1.0, False, "")
     skipped = checks.Check("c", "m", None, None, "")
     got = headline(evals, stage_metrics, [passed, flagged, skipped], [flagged])
     assert got == {"pretrain_bpb": 2.1235, "grpo_gen_score": 0.9, "ppo_reward": 3.3, "reward_acc": 0.65,
-                   "checks_passed": 1, "checks_run": 2, "costs_flagged": 1}
+                   "vlm_acc": 0.7123, "checks_passed": 1, "checks_run": 2, "costs_flagged": 1}
 
 
 def write_logs(root):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -116,7 +117,7 @@ def _load(args: argparse.Namespace):
         image = open_image(args.image) if args.image else None
         token = processor.image_token if image is not None else None
         return model, processor.tokenizer, lambda messages: image_inputs(processor, messages, image), token
-    if args.image:
+    if args.image and Path(args.model).is_dir():  # a missing folder: load_for_generation says so
         raise UserError(f"--image {args.image}: {args.model} is a text-only model (no vision_config in its config.json)"
                         "; give a vision-language model folder such as models/vlm")  # fmt: skip
     model, tokenizer = load_for_generation(args.model, args.trust_remote_code)

@@ -18,6 +18,7 @@ HEADLINE: tuple[tuple[str, Literal["eval", "stage"], str, str], ...] = (
     ("grpo_reward", "stage", "grpo", "eval_reward"),
     ("grpo_gen_score", "eval", "grpo", "llmpipe_generation.score"),
     ("grpo_distinct", "eval", "grpo", "llmpipe_generation.distinct"),
+    ("vlm_acc", "stage", "vlm", "test_accuracy"),
 )
 """``(headline key, where from, stage or model, metric)``: "eval" reads ``metrics/eval/<model>.json``, "stage"
 ``metrics/<stage>.json``. Short keys: ``dvc exp show`` names its columns ``headline.<key>``."""
