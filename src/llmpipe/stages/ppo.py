@@ -46,13 +46,15 @@ def samples(ppo, cfg, tokenizer):
 
     if cfg.eval_prompts is not None:
         prompts = user_prompts(tokenizer, cfg.eval_prompts)
+        turns = [[{"role": "user", "content": text}] for text in cfg.eval_prompts]
     else:
         n = cfg.num_eval_prompts
-        prompts = SamplePrompts(ppo.valid.texts[:n], ppo.valid.ids[:n], ppo.valid.names[:n])
+        turns = ppo.valid.turns[:n]
+        prompts = SamplePrompts([t[-1]["content"] for t in turns], ppo.valid.ids[:n], ppo.valid.names[:n])
 
     def generate(model, prompts: SamplePrompts) -> tuple[list[str], list[float]]:
         batch = ppo.generate(prompts.ids)
-        return batch.completions, ppo.score(batch, prompts.texts, prompts.names).tolist()
+        return batch.completions, ppo.score(batch, turns, prompts.names).tolist()
 
     return prompts, generate
 
