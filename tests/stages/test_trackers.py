@@ -45,7 +45,8 @@ def test_pretrain_logs_to_tensorboard_and_to_a_local_mlflow_store(tracked_pretra
     assert [m.step for m in losses] == [4, 8, 12], "every logging step (logging_steps 4 of 12)"
     assert run.data.params["learning_rate"] == "0.001"
 
-    events = EventAccumulator(str(tracked_pretrain / "logs" / "pretrain" / "tensorboard"))
+    (run_dir,) = (tracked_pretrain / "logs" / "pretrain" / "tensorboard").iterdir()  # one folder per run
+    events = EventAccumulator(str(run_dir))
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == [4, 8, 12], "TensorBoard still gets every step"
     assert not (tracked_pretrain / "mlruns").exists()
