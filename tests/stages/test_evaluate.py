@@ -7,9 +7,12 @@ Llama saved as a Hugging Face directory, evaluation sets in the shapes `prepare`
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,11 +106,15 @@ def tiny_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def cli_metrics(tiny_root) -> dict[str, float]:
-    """`llm-train --task evaluate --model tiny`, in process; returns what it wrote to metrics/eval/tiny.json."""
+    """`llm-train --task evaluate --model tiny`, in process, its stdout a pipe (kept as ``evaluate_stdout.txt``);
+    returns what it wrote to metrics/eval/tiny.json."""
     raw, _ = make_params(tiny_root)
     config = tiny_root / "params.yaml"
     config.write_text(yaml.safe_dump(raw))
-    assert cli.main(["--task", "evaluate", "--model", "tiny", "--config-path", str(config)]) == 0
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["--task", "evaluate", "--model", "tiny", "--config-path", str(config)]) == 0
+    (tiny_root / "evaluate_stdout.txt").write_text(out.getvalue())
     return json.loads((tiny_root / "metrics" / "eval" / "tiny.json").read_text())
 
 
@@ -130,6 +137,14 @@ def test_evaluate_reports_every_metric_finite(cli_metrics):
     # Byte perplexity and bits per byte are one number in two units.
     assert cli_metrics["llmpipe_perplexity.byte_perplexity"] == pytest.approx(
         2 ** cli_metrics["llmpipe_perplexity.bits_per_byte"], rel=1e-6)
+
+
+def test_evaluate_off_a_terminal_shows_lm_evals_progress_as_plain_lines(cli_metrics, tiny_root):
+    out = (tiny_root / "evaluate_stdout.txt").read_text()
+    assert "\r" not in out and "\x1b[" not in out, "progress-bar control characters in a piped run"
+    done = re.findall(r"^evaluate tiny: Running loglikelihood requests (\d+)/(\d+) requests \| .* \| ETA ", out,
+                      re.MULTILINE)  # fmt: skip
+    assert done and done[-1][0] == done[-1][1] != "0", out  # the last line of a loop is its final count
 
 
 def test_rendered_tasks_use_absolute_paths_and_the_models_chat_format(tiny_root, tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -59,10 +60,19 @@ def stdlib_run(tmp_path_factory) -> tuple[Path, dict[str, float]]:
 # --- the stdlib corpus -------------------------------------------------------------------------------------
 
 
-def test_stdlib_same_seed_gives_identical_files(stdlib_run, tmp_path):
+def test_stdlib_same_seed_gives_identical_files(stdlib_run, tmp_path, capsys):
     root, metrics = stdlib_run
     again = prepare.run(make_params(tmp_path, STDLIB_DATA))
     assert again == metrics
+    # Its progress: one line per phase, with what it counted.
+    phases = re.findall(r"^prepare: (.+) in \d:\d\d:\d\d(?: \((.*)\))?$", capsys.readouterr().out, re.MULTILINE)
+    assert [p[0] for p in phases] == ["read the text of data.source: stdlib",
+                                      "deduplicated and built the evaluation sets", "wrote the image records",
+                                      f"wrote {tmp_path / 'data'}"]  # fmt: skip
+    read = int(re.fullmatch(r"([\d,]+) documents", phases[0][1]).group(1).replace(",", ""))
+    assert read >= sum(metrics[f"num_documents_{s}"] for s in SPLITS)  # before deduplication
+    assert phases[1][1].startswith(f"{metrics['num_documents_train']:,} training documents kept")
+    assert phases[2][1] == f"{3 * len(SPLITS)} records"
     first, second = snapshot(root), snapshot(tmp_path)
     expected = {f"{s}/{n}.jsonl" for s in (*SUBSETS, "vlm") for n in SPLITS} | {f"eval/{n}.jsonl" for n in EVAL}
     images = {f"vlm/images/{s}/{i:05d}.png" for s in SPLITS for i in range(3)}

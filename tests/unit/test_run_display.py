@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from llmpipe.callbacks import Callback, CallbackList, RunInfo
 from llmpipe.config import parse_params
+from llmpipe.core import lines
 from llmpipe.train.progress import Progress
 from llmpipe.train.tensorboard import TensorBoardLog, hparam_values, run_name
 
@@ -40,6 +43,30 @@ def test_progress_off_a_terminal_is_one_plain_line_per_logging_step():
         "sft done at step 6 | loss 2.5000 | lr 3.00e-04 | 4,096 tokens | T | peak memory 0.50 GB | MFU 25.0%",
     ]
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+
+
+def test_a_library_loop_off_a_terminal_is_plain_lines_at_most_one_per_interval(monkeypatch):
+    monkeypatch.setattr(lines, "LINE_INTERVAL_S", 0.05)
+    out = io.StringIO()
+    bar = lines.bar_class("evaluate sft", out, unit="requests")
+    module = SimpleNamespace(tqdm=bar)
+    with lines.lines_in(module, "evaluate sft", out, unit="requests"):
+        assert module.tqdm is not bar and issubclass(module.tqdm, bar.__mro__[1])
+        for _ in module.tqdm(range(20), desc="Running loglikelihood requests"):
+            time.sleep(0.01)
+    assert module.tqdm is bar  # restored
+    got = out.getvalue().splitlines()
+    assert got[0].startswith("evaluate sft: Running loglikelihood requests 0/20 requests | ")
+    assert got[-1].startswith("evaluate sft: Running loglikelihood requests 20/20 requests | ")
+    assert 2 < len(got) < 15  # throttled: not a line per item
+    assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+
+
+def test_a_phase_is_one_line_with_its_time_and_details():
+    out = io.StringIO()
+    with lines.phase("prepare", "read the text", out) as shown:
+        shown["documents"] = 1234
+    assert re.fullmatch(r"prepare: read the text in 0:00:0\d \(1,234 documents\)\n", out.getvalue())
 
 
 def test_progress_is_silent_off_rank_zero():

@@ -110,7 +110,9 @@ def evaluate(
     """
     import torch
     from lm_eval import simple_evaluate
+    from lm_eval.models import huggingface
 
+    from llmpipe.core.lines import lines_in
     from llmpipe.evaluation.counting import CountingHFLM
     from llmpipe.models import load_model, load_tokenizer
 
@@ -118,7 +120,8 @@ def evaluate(
     missing = "run the stage that makes it first"
     model = load_model(model_dir, missing, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
     model.to(device="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float32).eval()
-    with quiet_lm_eval():
+    # lm-eval's request loops draw tqdm bars and offer no progress hook: in a log they become plain lines.
+    with quiet_lm_eval(), lines_in(huggingface, f"evaluate {model_dir.name}", unit="requests"):
         lm = CountingHFLM(
             pretrained=model,
             tokenizer=load_tokenizer(model_dir, trust_remote_code, missing),

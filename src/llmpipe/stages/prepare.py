@@ -21,6 +21,7 @@ from typing import Any
 from llmpipe.config import DataParams, DedupParams, Params
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir, write_json, write_jsonl
+from llmpipe.core.lines import phase
 from llmpipe.data.corpus import EVAL_SETS, Corpus, eval_sets
 from llmpipe.data.corrupt import CORRUPTIONS
 from llmpipe.data.dedup import COUNTERS, Deduplicator, from_params
@@ -55,20 +56,27 @@ def run(params: Params) -> dict[str, float]:
     root = params.paths.out(params.paths.data)
     _check_inputs_outside(params.data, root)
     dedup = from_params(params.data.dedup)  # before the corpus: bad dedup params or a bad index fail fast
-    corpus = build_corpus(params.data)
+    with phase("prepare", f"read the text of {data_key(params.data)}") as shown:
+        corpus = build_corpus(params.data)
+        shown["documents"] = sum(len(docs) for docs in corpus.pretrain.values())
     if params.data.validation_source is not None:
         from llmpipe.data.sources import use_validation_source
 
         use_validation_source(corpus, params.data)
     if params.data.source != "local" or params.data.local.pretrain is not None:  # null: nothing is pretrained
         _check_nonempty(corpus, data_key(params.data))
-    corpus, counts = deduplicate(corpus, dedup, params.data.dedup)
-    evals = eval_sets(corpus, params.data)
+    with phase("prepare", "deduplicated and built the evaluation sets") as shown:
+        corpus, counts = deduplicate(corpus, dedup, params.data.dedup)
+        evals = eval_sets(corpus, params.data)
+        shown |= {"training documents kept": len(corpus.pretrain["train"]), "evaluation sets": len(evals)}
     for folder in (*FOLDERS, "vlm"):  # what a killed run left behind
         for stale in [*root.glob(f".{folder}.tmp-*"), *root.glob(f".{folder}.old-*")]:
             _remove(stale)
-    images = write_images(root / "vlm", params.data)  # first: a refused image record leaves the text as it was
-    write(root, corpus, evals, manifest(corpus, evals, params.data, counts))
+    with phase("prepare", "wrote the image records") as shown:
+        images = write_images(root / "vlm", params.data)  # first: a refused image record leaves the text as it was
+        shown["records"] = sum(images.values())
+    with phase("prepare", f"wrote {root}"):
+        write(root, corpus, evals, manifest(corpus, evals, params.data, counts))
     if dedup is not None and params.data.dedup.seen_hashes_path is not None and not params.data.streaming:
         # After the outputs: a failed run consumes nothing. A stream's sample is not consumed: pretrain records
         # what the stream admits.

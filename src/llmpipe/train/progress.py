@@ -13,6 +13,7 @@ import time
 from typing import Any, TextIO
 
 from llmpipe.callbacks import Callback, RunInfo
+from llmpipe.core.lines import duration
 
 SKIPPED_EVAL = ("_runtime", "_per_second")
 """Evaluation keys left out of the console line (timings, not results)."""
@@ -28,11 +29,6 @@ def write(line: str, stream: TextIO | None = None) -> None:
     from tqdm import tqdm
 
     tqdm.write(line, file=stream or sys.stdout)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def step_fields(logs: dict[str, Any]) -> list[str]:
@@ -81,7 +77,7 @@ class Progress(Callback):
         done = step - self.start_step
         if done <= 0:
             return "?"
-        return _duration((time.perf_counter() - self.t0) / done * (self.total - step))
+        return duration((time.perf_counter() - self.t0) / done * (self.total - step))
 
     def on_step_end(self, step: int, logs: dict[str, float]) -> None:
         if not self.active:
@@ -110,7 +106,7 @@ class Progress(Callback):
         fields += [f"loss {last['loss']:.4f}"] if "loss" in last else []
         fields += [f"lr {last['learning_rate']:.2e}"] if "learning_rate" in last else []
         fields += [f"{last['num_input_tokens_seen']:,} tokens"] if "num_input_tokens_seen" in last else []
-        fields += [f"time {_duration(time.perf_counter() - self.t0)}"]
+        fields += [f"time {duration(time.perf_counter() - self.t0)}"]
         fields += [f"peak memory {last['peak_memory_gb']:.2f} GB"] if "peak_memory_gb" in last else []
         fields += [f"MFU {last['mfu']:.1%}"] if "mfu" in last else []
         return " | ".join(fields)
