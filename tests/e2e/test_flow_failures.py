@@ -29,12 +29,16 @@ pytestmark = pytest.mark.slow
 TIME_LIMIT_S = 15  # DVC itself takes seconds to start on 2 busy cores
 OVERRIDES = {"orchestration": {"retries": 1, "retry_delay_s": 0.0, "stage_timeout_s": {"prepare": TIME_LIMIT_S}}}
 
+# SIGINT is held while "started" is written: on busy cores the stop can land right as the try starts, and an
+# interrupt between the two writes would leave a started try that seems never to have been stopped.
 SLEEPER = """\
-import pathlib, sys, time
+import pathlib, signal, sys, time
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 record = pathlib.Path("sleeper.txt")
 with record.open("a") as fh:
     fh.write("started\\n")
 try:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     time.sleep(600)
 except KeyboardInterrupt:  # the stop's SIGINT: record it, exit like an interrupted stage
     with record.open("a") as fh:

@@ -17,7 +17,7 @@ class VisionParams(Section):
     path: str | None = Field(None, description="Local folder of a pretrained vision tower; null = build from the "
                              "keys below (random init).")
     image_size: int = Field(32, gt=0, description="Input side in pixels (images are resized to it).")
-    patch_size: int = Field(4, gt=0, description="Side of a patch in pixels: (image_size / patch_size)² image tokens.")
+    patch_size: int = Field(8, gt=0, description="Side of a patch in pixels: (image_size / patch_size)² image tokens.")
     hidden_size: int = Field(64, gt=0, description="Width of the vision transformer.")
     num_hidden_layers: int = Field(2, gt=0, description="Vision transformer layers.")
     num_attention_heads: int = Field(4, gt=0, description="Vision attention heads.")
