@@ -262,9 +262,11 @@ def test_model_must_be_listed_and_present(tiny_root, tmp_path):
     _, params = make_params(tiny_root)
     with pytest.raises(UserError, match=r"not in eval\.models \(tiny\)"):
         evaluate.run(params, model="sft")
-    _, params = make_params(tmp_path)
-    with pytest.raises(UserError, match=r"dvc repro tiny"):
-        evaluate.run(params, model="tiny")
+    _, params = make_params(tmp_path, models=["tiny", "sft"])
+    with pytest.raises(UserError, match=r"no stage makes it: save a model there"):
+        evaluate.run(params, model="tiny")  # a user's own folder: no stage to run
+    with pytest.raises(UserError, match=r"dvc repro sft"):
+        evaluate.run(params, model="sft")
 
 
 def test_missing_eval_set_names_prepare(tiny_root, tmp_path):

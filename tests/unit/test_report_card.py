@@ -145,3 +145,13 @@ def test_plots_template_inlines_vega_and_declares_its_charset():
     assert '<meta charset="utf-8">' in text and "{plot_divs}" in text and "{refresh_tag}" in text
     assert "{scripts}" not in text, "DVC would add its CDN script tags"
     assert not re.search(r"<script[^>]*\bsrc=", text) and "window.vegaEmbed" in text
+
+
+def test_plots_template_command_writes_where_told_and_help_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        plots_page.main(["--help"])
+    assert ended.value.code == 0 and "usage:" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir()), "--help is not a path"
+    assert plots_page.main([str(tmp_path / "page.html")]) == 0
+    assert (tmp_path / "page.html").read_text() == plots_page.page()

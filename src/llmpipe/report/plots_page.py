@@ -61,8 +61,12 @@ def write(path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    path = write(Path(args[0]) if args else Path(".dvc", TEMPLATE_NAME))
+    """``python -m llmpipe.report.plots_page [PATH]``: write the template (default ``.dvc/<TEMPLATE_NAME>``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m llmpipe.report.plots_page", description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", nargs="?", type=Path, default=Path(".dvc", TEMPLATE_NAME), help="where to write it")
+    path = write(parser.parse_args(sys.argv[1:] if argv is None else argv).path)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): the offline page of `dvc plots show`")
     return 0
 

@@ -17,6 +17,7 @@ from llmpipe.evaluation import harness
 from llmpipe.evaluation.options import check_fewshot
 from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks
 from llmpipe.models import check_model_dir, load_tokenizer
+from llmpipe.stages import REGISTRY
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,9 @@ def model_dir(params: Params, model: str, trust_remote_code: bool = False) -> Pa
         raise UserError(f"--model {model}: not in eval.models ({', '.join(params.eval.models)}); "
                         "pick one of those or add it to eval.models in params.yaml")
     path = Path(params.paths.models, model)
-    check_model_dir(path, f"run the stage that makes it first (dvc repro {model})", trust_remote_code)
+    made_by = (f"run the stage that makes it first (dvc repro {model})" if model in REGISTRY else
+               "no stage makes it: save a model there (save_pretrained: config, weights, tokenizer)")  # fmt: skip
+    check_model_dir(path, made_by, trust_remote_code)
     return path
 
 
