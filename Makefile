@@ -12,7 +12,7 @@ export HF_DATASETS_OFFLINE := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run smoke test test-fast
+.PHONY: install run smoke test test-fast browser
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,15 @@ run: install
 smoke: install
 	python scripts/smoke.py
 
-test: install
+# The report page's browser test opens it in headless Chromium: Debian's package, installed here where apt-get
+# can (CI runs as root on Debian); anywhere else the test is skipped and says why.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1; } || \
+	  echo "no chromium: the report page's browser test will be skipped (Debian: apt-get install chromium)"
+
+test: install browser
 	pytest
 
 # Development loop: everything but the end-to-end tests that train models.
