@@ -170,12 +170,14 @@ def test_a_piped_stage_prints_one_plain_line_per_logging_step(tiny_inputs, tmp_p
                                                              "HF_HUB_DISABLE_PROGRESS_BARS")}  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "llmpipe.cli", "--task", "sft", "--output-dir", str(tmp_path / "out")]
-    proc = subprocess.run(cmd, cwd=tiny_inputs, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # bytes: text=True would turn every \r into \n before the check below could see it
+    proc = subprocess.run(cmd, cwd=tiny_inputs, env=env, capture_output=True, timeout=600, check=False)
+    stdout, stderr = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 0, stderr[-3000:]
 
     steps = re.findall(r"^sft step (\d+)/12 \| loss [\d.]+ \| lr [\d.e+-]+ \| [\d,]+ tok/s \| ETA [\d:]+$",
-                       proc.stdout, re.MULTILINE)  # fmt: skip
-    assert steps == ["4", "8", "12"], proc.stdout
-    assert re.search(r"^sft done at step 12 \| loss [\d.]+ \| .* tokens \| time .* \| peak memory", proc.stdout, re.MULTILINE)
-    for stream in (proc.stdout, proc.stderr):
+                       stdout, re.MULTILINE)  # fmt: skip
+    assert steps == ["4", "8", "12"], stdout
+    assert re.search(r"^sft done at step 12 \| loss [\d.]+ \| .* tokens \| time .* \| peak memory", stdout, re.MULTILINE)
+    for stream in (stdout, stderr):
         assert "\r" not in stream and "\x1b[" not in stream, "progress-bar control characters in a piped run"

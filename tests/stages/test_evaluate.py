@@ -106,14 +106,22 @@ def tiny_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def cli_metrics(tiny_root) -> dict[str, float]:
-    """`llm-train --task evaluate --model tiny`, in process, its stdout a pipe (kept as ``evaluate_stdout.txt``);
+    """`llm-train --task evaluate --model tiny`, in process, stdout and stderr a pipe (kept as ``evaluate_stdout.txt``);
     returns what it wrote to metrics/eval/tiny.json."""
     raw, _ = make_params(tiny_root)
     config = tiny_root / "params.yaml"
     config.write_text(yaml.safe_dump(raw))
+    from transformers.utils import logging as hf_logging
+
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert cli.main(["--task", "evaluate", "--model", "tiny", "--config-path", str(config)]) == 0
+    # transformers' loading bar is off in a stage's own process (llmpipe.cli sets the switch before the import);
+    # here transformers is already imported, so it is switched off by hand.
+    hf_logging.disable_progress_bar()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):  # lm-eval's own bars write to stderr
+            assert cli.main(["--task", "evaluate", "--model", "tiny", "--config-path", str(config)]) == 0
+    finally:
+        hf_logging.enable_progress_bar()
     (tiny_root / "evaluate_stdout.txt").write_text(out.getvalue())
     return json.loads((tiny_root / "metrics" / "eval" / "tiny.json").read_text())
 
@@ -140,8 +148,9 @@ def test_evaluate_reports_every_metric_finite(cli_metrics):
 
 
 def test_evaluate_off_a_terminal_shows_lm_evals_progress_as_plain_lines(cli_metrics, tiny_root):
-    out = (tiny_root / "evaluate_stdout.txt").read_text()
+    out = (tiny_root / "evaluate_stdout.txt").read_bytes().decode()  # bytes: read_text would make a \r a \n
     assert "\r" not in out and "\x1b[" not in out, "progress-bar control characters in a piped run"
+    assert all(line.startswith("evaluate tiny") for line in out.splitlines() if "requests |" in line or "it |" in line)
     done = re.findall(r"^evaluate tiny: Running loglikelihood requests (\d+)/(\d+) requests \| .* \| ETA ", out,
                       re.MULTILINE)  # fmt: skip
     assert done and done[-1][0] == done[-1][1] != "0", out  # the last line of a loop is its final count

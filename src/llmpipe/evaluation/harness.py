@@ -109,7 +109,10 @@ def evaluate(
         left to fit (`counting.CountingHFLM`), over all tasks; logged as a warning when not 0.
     """
     import torch
+    import tqdm
     from lm_eval import simple_evaluate
+    from lm_eval.api import model as api_model
+    from lm_eval.api import task as api_task
     from lm_eval.models import huggingface
 
     from llmpipe.core.lines import lines_in
@@ -120,8 +123,12 @@ def evaluate(
     missing = "run the stage that makes it first"
     model = load_model(model_dir, missing, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
     model.to(device="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float32).eval()
-    # lm-eval's request loops draw tqdm bars and offer no progress hook: in a log they become plain lines.
-    with quiet_lm_eval(), lines_in(huggingface, f"evaluate {model_dir.name}", unit="requests"):
+    # lm-eval's loops (requests, contexts, tokenising, bootstrap) draw tqdm bars and offer no progress hook: in a
+    # log they become plain lines.
+    with contextlib.ExitStack() as bars:
+        bars.enter_context(quiet_lm_eval())
+        for module in (huggingface, api_model, api_task, tqdm):  # tqdm itself: lm-eval's bootstrap imports it late
+            bars.enter_context(lines_in(module, f"evaluate {model_dir.name}", unit="requests"))
         lm = CountingHFLM(
             pretrained=model,
             tokenizer=load_tokenizer(model_dir, trust_remote_code, missing),
