@@ -111,17 +111,20 @@ def cli_metrics(tiny_root) -> dict[str, float]:
     raw, _ = make_params(tiny_root)
     config = tiny_root / "params.yaml"
     config.write_text(yaml.safe_dump(raw))
+    import datasets
     from transformers.utils import logging as hf_logging
 
     out = io.StringIO()
-    # transformers' loading bar is off in a stage's own process (llmpipe.cli sets the switch before the import);
-    # here transformers is already imported, so it is switched off by hand.
+    # transformers' and datasets' bars are off in a stage's own process (llmpipe.cli sets their switches before
+    # the imports); here both are already imported, so they are switched off by hand.
     hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):  # lm-eval's own bars write to stderr
             assert cli.main(["--task", "evaluate", "--model", "tiny", "--config-path", str(config)]) == 0
     finally:
         hf_logging.enable_progress_bar()
+        datasets.enable_progress_bars()
     (tiny_root / "evaluate_stdout.txt").write_text(out.getvalue())
     return json.loads((tiny_root / "metrics" / "eval" / "tiny.json").read_text())
 
