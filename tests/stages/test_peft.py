@@ -91,6 +91,12 @@ def test_method_trains_its_own_parameters_only(peftdir, case, monkeypatch):
         return
     adapter_dir = out / "models" / "sft" / ("adapter" if cfg.merge else "")
     assert (adapter_dir / "adapter_model.safetensors").exists() and (adapter_dir / "adapter_config.json").exists()
+    if cfg.merge:  # the merged model saved is the trained one: scored on the held-out batches after the save
+        assert metrics["merge_scored_tokens"] > 0 and metrics["merge_logits_max_abs_diff"] < 1e-4
+        assert abs(metrics["eval_loss_merged"] - metrics["eval_loss_trained"]) < 1e-5
+        assert "eval_loss_4bit" not in metrics, "full-precision LoRA: eval_loss is the trainer's own"
+    else:
+        assert "merge_logits_max_abs_diff" not in metrics, "nothing merged, nothing to compare"
     set_seed(params.sft.seed)  # the adapter's initial values, as the stage drew them
     fresh = get_peft_model(load_model(peftdir / "models" / "pretrain", ""), peft_config(cfg, "CAUSAL_LM", 3))
     initial = {n: p.detach().clone() for n, p in fresh.named_parameters() if p.requires_grad}

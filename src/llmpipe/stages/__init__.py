@@ -47,6 +47,8 @@ class Stage:
         loads_models: Whether it loads model or tokenizer folders (``--trust-remote-code`` applies).
         kl_unit: For an RL stage, the unit of its ``kl_final`` metric (the report prints it).
         adapters: Whether the stage's section inherits ``train.peft`` (a fine-tuning stage: adapters apply).
+        hf_trainer: Whether a training stage trains through the HF Trainer (or a TRL trainer on it), so that
+            every `TrainingArguments` switch acts (``use_liger_kernel``); False for a loop of its own (ppo).
     """
 
     name: str
@@ -60,6 +62,7 @@ class Stage:
     loads_models: bool = True
     kl_unit: str | None = None
     adapters: bool = False
+    hf_trainer: bool = True
 
 
 def _training(name: str, section: type[Section], description: str, *inputs: str, **traits: Any) -> Stage:
@@ -88,7 +91,7 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
               "and reward functions.", "${paths.data}/sft", "${paths.data}/tokens/train", "${paths.tokenizer}",
               "${paths.models}/${ppo.policy}", "${paths.models}/reward", best_metric=("eval_reward", True),
               one_process="its own Accelerate loop (llmpipe.rl.ppo) is single-process for now",
-              kl_unit="nats per response"),
+              kl_unit="nats per response", hf_trainer=False),
     _training("grpo", GRPOParams, "Group relative policy optimisation (TRL GRPOTrainer) of the SFT model against "
               "verifiable rewards.", "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/${grpo.policy}",
               best_metric=("eval_reward", True), kl_unit="nats per token"),
