@@ -62,8 +62,10 @@ def samples(params: Params, tokenizer, valid: PackedBlocks):
     cfg = params.pretrain
     if cfg.eval_prompts is not None:
         ids = [tokenizer(p)["input_ids"] for p in cfg.eval_prompts]
-    else:
+    elif cfg.num_eval_prompts:
         ids = [b[:PREFIX_TOKENS].tolist() for b in valid.batch(range(min(cfg.num_eval_prompts, len(valid))))]
+    else:  # num_eval_prompts 0: no samples (an empty index array would be float to numpy, and refused)
+        ids = []
     prompts = SamplePrompts(tokenizer.batch_decode(ids, skip_special_tokens=True), ids, [""] * len(ids))
     return prompts, model_generate(tokenizer, generation_config(tokenizer, cfg.eval_max_new_tokens))
 

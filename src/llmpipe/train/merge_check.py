@@ -55,7 +55,9 @@ def compare(trainer, merged, max_batches: int | None = None) -> dict[str, float]
         labels = batch["labels"].to(device)[:, 1:]  # (B, T-1): the token each position predicts
         keep = labels != -100
         with torch.no_grad(), autocast:
-            logits = {"trained": model(**inputs).logits, "merged": merged(**inputs).logits}
+            # No cache: with one, a packed row's position_ids no longer keep its samples apart (docs/LOG.md)
+            logits = {"trained": model(**inputs, use_cache=False).logits,
+                      "merged": merged(**inputs, use_cache=False).logits}  # fmt: skip
         for name, lg in logits.items():
             lg = lg[:, :-1].float()  # (B, T-1, V)
             loss_sum[name] += F.cross_entropy(lg[keep], labels[keep], reduction="sum").item()
