@@ -5,8 +5,10 @@ from __future__ import annotations
 from conftest import ROOT
 from pydantic import BaseModel
 
-from llmpipe.config import Params, reference
-from llmpipe.config.reference import sections_in
+from llmpipe.commands import main as command
+from llmpipe.commands import params_reference as reference
+from llmpipe.commands.params_reference import sections_in
+from llmpipe.config import Params
 
 
 def test_docs_params_md_is_up_to_date():
@@ -38,5 +40,5 @@ def test_every_key_of_every_section_has_its_row():
 
 
 def test_the_command_writes_the_file(tmp_path):
-    reference.main([str(tmp_path / "params.md")])
+    assert command(["params-reference", str(tmp_path / "params.md")]) == 0
     assert (tmp_path / "params.md").read_text() == reference.render()

@@ -1,15 +1,16 @@
-"""docs/params.md, the reference of every params.yaml key, generated from the schema: each section's docstring,
-and per key its type (with its bounds), default and `Field` description, so that they are written once, in code.
+"""`llm-train params-reference [OUT]`: docs/params.md, the reference of every params.yaml key, generated from the
+schema: each section's docstring, and per key its type (with its bounds), default and `Field` description, so that
+they are written once, in code.
 
-``python -m llmpipe.config.reference [OUT]`` writes it (default ``docs/params.md``); `tests/unit/test_params_reference.py`
-fails when the file and the schema differ. Imports pydantic and the schema only (no torch).
+It writes ``docs/params.md`` by default; `tests/unit/test_params_reference.py` fails when the file and the schema
+differ. Imports pydantic and the schema only (no torch).
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import re
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from llmpipe.config.training import TrainParams
 from llmpipe.core.io import atomic_file
 
 DEFAULT_OUT = Path("docs/params.md")
-COMMAND = "python -m llmpipe.config.reference"
+COMMAND = "llm-train params-reference"
 
 
 @dataclass
@@ -189,14 +190,14 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Write the reference to ``argv[0]`` (default ``docs/params.md``), atomically."""
-    args = sys.argv[1:] if argv is None else argv
-    out = Path(args[0]) if args else DEFAULT_OUT
-    with atomic_file(out) as fh:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`llm-train params-reference` flags."""
+    parser.add_argument("out", nargs="?", type=Path, default=DEFAULT_OUT, help=f"where to write (default {DEFAULT_OUT})")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the reference to ``args.out``, atomically."""
+    with atomic_file(args.out) as fh:
         fh.write(render())
-    print(f"wrote {out}")
-
-
-if __name__ == "__main__":
-    main()
+    print(f"wrote {args.out}")
+    return 0
