@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: this machine's CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
 	$(VENV)/bin/python -m pip install --quiet torch==2.13.0
-	# Every other package at the version constraints.txt names, so a fresh clone gets the measured environment.
+	# Every other package at the version constraints.txt names, so every fresh clone gets the same environment.
 	$(VENV)/bin/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
 	touch $(STAMP)
 
