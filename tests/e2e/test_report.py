@@ -120,10 +120,10 @@ def test_dvc_plots_page_shows_every_plot_offline(repo, pipeline_env, tmp_path):
         assert errors == []
 
 
-def readme_exp_show() -> tuple[str, str]:
-    """The `DROP=…` line and the `dvc exp show` command of the README's "Compare runs at a glance"."""
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"^## Compare runs at a glance\n.*?^```\n(.*?)^```", readme, re.DOTALL | re.MULTILINE)
+def guide_exp_show() -> tuple[str, str]:
+    """The `DROP=…` line and the `dvc exp show` command of docs/experiments.md's "Compare runs at a glance"."""
+    guide = (ROOT / "docs" / "experiments.md").read_text()
+    block = re.search(r"^## Compare runs at a glance\n.*?^```\n(.*?)^```", guide, re.DOTALL | re.MULTILINE)
     lines = block.group(1).splitlines()
     drop = next(line for line in lines if line.startswith("DROP="))
     show = next(line.split("#")[0].strip() for line in lines if line.startswith("dvc exp show"))
@@ -137,7 +137,7 @@ def test_exp_show_of_two_experiments_fits_in_200_columns(repo, pipeline_env, tmp
     sh(copy, pipeline_env, "git", "commit", "-qm", "baseline run")
     for beta in ("0.2", "0.3"):
         sh(copy, pipeline_env, "dvc", "exp", "run", "-n", f"beta{beta}", "-S", f"dpo.beta={beta}")
-    drop, show = readme_exp_show()
+    drop, show = guide_exp_show()
     out = sh(copy, pipeline_env, "bash", "-c", f"{drop}; {show} --no-pager")
     table = [line for line in out.splitlines() if line.startswith("|")]
     assert len(table) >= 5, out  # header, rule, workspace, baseline, two experiments

@@ -152,8 +152,8 @@ def test_lora_sft_then_dpo_changes_only_adapters_with_one_base_copy(peftdir, mon
 
 @pytest.mark.slow
 def test_unmerged_adapter_is_what_later_stages_and_evaluation_load(peftdir, monkeypatch):
-    from llmpipe.evaluation import harness
     from llmpipe.adapter_folders import model_config
+    from llmpipe.evaluation import harness
     from llmpipe.models import check_model_dir
 
     monkeypatch.chdir(peftdir)

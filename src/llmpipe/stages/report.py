@@ -131,7 +131,7 @@ def run(params: Params) -> dict[str, float]:
         fh.write(text)
     with atomic_file(reports / "report.html") as fh:
         fh.write(page.render(text, reports, "llmpipe report"))
-    # nested under "headline": `dvc exp show` then names its columns headline.<key> (README, "Compare runs")
+    # nested under "headline": `dvc exp show` then names its columns headline.<key> (docs/experiments.md, "Compare runs")
     write_json(params.paths.out(params.paths.metrics, "headline.json"),
                {"headline": headline(evals, stage_metrics, checks, costs)})
     done = [c for c in checks if c.passed is not None]
