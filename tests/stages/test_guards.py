@@ -125,7 +125,7 @@ def test_pad_token_equal_to_eos_or_missing_is_refused_naming_the_tokenizer(root,
 
 
 def test_model_dir_with_another_tokenizer_or_chat_template_is_refused(root, tmp_path):
-    from llmpipe.tokenizer_identity import check_same_tokenizer
+    from llmpipe.models.tokenizer_identity import check_same_tokenizer
 
     tok = load_tokenizer(root / "artifacts" / "tokenizer")
     check_same_tokenizer(root / "models" / "sft", tok, root / "artifacts" / "tokenizer")  # the same: passes

@@ -21,7 +21,7 @@ from llmpipe.config import Params
 from llmpipe.config.optim import DistillParams
 from llmpipe.core.errors import UserError
 from llmpipe.models import load_model
-from llmpipe.tokenizer_identity import check_same_tokenizer
+from llmpipe.models.tokenizer_identity import check_same_tokenizer
 from llmpipe.train.losses import TokenWeightedLoss
 
 TEACHER_STAGES = ("pretrain",)
