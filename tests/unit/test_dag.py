@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from llmpipe import stages
+from llmpipe.config import stages as registry
 
 IMPORTS = """
 import json, sys
@@ -37,7 +37,7 @@ def dvc_stages() -> dict:
     return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 
-@pytest.mark.parametrize("task", stages.DVC_STAGES)
+@pytest.mark.parametrize("task", registry.DVC_STAGES)
 def test_code_deps_are_exactly_the_imported_packages(task):
     deps = [d for d in dvc_stages()[task]["deps"] if d.startswith("src/")]
     expected = code_units(task)
@@ -45,30 +45,30 @@ def test_code_deps_are_exactly_the_imported_packages(task):
     assert not set(deps) - expected, f"dvc.yaml stage {task}: it does not import {sorted(set(deps) - expected)}"
 
 
-@pytest.mark.parametrize("task", [t for t in stages.DVC_STAGES if t != "report"])
+@pytest.mark.parametrize("task", [t for t in registry.DVC_STAGES if t != "report"])
 def test_data_deps_are_the_registry_inputs(task):
     deps = [d for d in dvc_stages()[task]["deps"] if not d.startswith("src/")]
-    assert deps == list(stages.REGISTRY[task].inputs), (
-        f"dvc.yaml stage {task} reads {deps}, the registry (llmpipe/stages/__init__.py) says "
-        f"{list(stages.REGISTRY[task].inputs)}: make them the same"
+    assert deps == list(registry.REGISTRY[task].inputs), (
+        f"dvc.yaml stage {task} reads {deps}, the registry (llmpipe/config/stages.py) says "
+        f"{list(registry.REGISTRY[task].inputs)}: make them the same"
     )
 
 
 def test_report_reads_every_stage_metrics_file():
     deps = [d for d in dvc_stages()["report"]["deps"] if not d.startswith("src/")]
-    expected = ["${paths.metrics}/eval", *(f"${{paths.metrics}}/{s}.json" for s in stages.METRICS_STAGES)]
+    expected = ["${paths.metrics}/eval", *(f"${{paths.metrics}}/{s}.json" for s in registry.METRICS_STAGES)]
     assert deps == expected, f"dvc.yaml stage report: its non-code deps must be, in the registry's order, {expected}"
 
 
-@pytest.mark.parametrize("task", stages.TRAINING_TASKS)
+@pytest.mark.parametrize("task", registry.TRAINING_TASKS)
 def test_training_stage_writes_its_model_and_reads_its_section(task):
     stage = dvc_stages()[task]
-    assert stages.REGISTRY[task].output in stage["outs"]
+    assert registry.REGISTRY[task].output in stage["outs"]
     assert {"train", task, "distributed"} <= set(stage["params"]), f"dvc.yaml stage {task}: list train, {task}, distributed"
 
 
 def test_every_registered_stage_has_a_dvc_stage_and_no_other():
     dvc = set(dvc_stages())
-    registered = set(stages.DVC_STAGES)
+    registered = set(registry.DVC_STAGES)
     assert not registered - dvc, f"add a stage to dvc.yaml for {sorted(registered - dvc)}"
-    assert not dvc - registered, f"register {sorted(dvc - registered)} in llmpipe/stages/__init__.py (REGISTRY)"
+    assert not dvc - registered, f"register {sorted(dvc - registered)} in llmpipe/config/stages.py (REGISTRY)"

@@ -11,6 +11,7 @@ from llmpipe.config.paths import PathsParams
 from llmpipe.config.rl import GRPOParams, PPOParams
 from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams, ReportParams
 from llmpipe.config.section import Section
+from llmpipe.config.stages import ADAPTER_TASKS, TRAINING_TASKS
 from llmpipe.config.training import (
     DPOParams,
     ModelParams,
@@ -50,8 +51,6 @@ class Params(Section):
     @model_validator(mode="after")
     def _warmup_within_max_steps(self) -> Params:
         # Here rather than in TrainParams: a section does not know its own name, and the message must say which.
-        from llmpipe.stages import TRAINING_TASKS  # the registry imports this package: import at call time
-
         for name in ("train", *TRAINING_TASKS):
             t = self.stage(name)
             if t.max_steps > 0 and t.warmup_steps > t.max_steps:
@@ -63,8 +62,6 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _optim_and_schedule_keys(self) -> Params:
-        from llmpipe.stages import TRAINING_TASKS
-
         defaults = {k: f.default for k, f in TrainParams.model_fields.items()}
         for name in ("train", *TRAINING_TASKS):
             check_optim_keys(name, self.stage(name), defaults)
@@ -80,8 +77,6 @@ class Params(Section):
     @model_validator(mode="after")
     def _adapters_fit(self) -> Params:
         # AdaLoRA's rank budget runs over a known number of steps (peft's `total_step`), reallocated per optimizer step
-        from llmpipe.stages import ADAPTER_TASKS
-
         for name in ADAPTER_TASKS:
             t = self.stage(name)
             if name == "ppo" and t.peft.method in ("prefix_tuning", "prompt_tuning"):
@@ -151,7 +146,7 @@ class Params(Section):
         ``train`` or took the default (``train`` is where one value for every stage goes).
 
         Args:
-            stage: A training stage (one of `llmpipe.stages.TRAINING_TASKS`) or ``train``.
+            stage: A training stage (one of `llmpipe.config.stages.TRAINING_TASKS`) or ``train``.
             key: A field of its section.
 
         Returns:
@@ -163,5 +158,6 @@ class Params(Section):
         return f"{section}.{key}"
 
     def stage(self, name: str) -> TrainParams:
-        """The merged training params of stage `name` (one of `llmpipe.stages.TRAINING_TASKS`, or ``train`` itself)."""
+        """The merged training params of stage `name` (one of `llmpipe.config.stages.TRAINING_TASKS`, or ``train``
+        itself)."""
         return getattr(self, name)

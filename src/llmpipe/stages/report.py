@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import Params
+from llmpipe.config.stages import METRICS_STAGES, REGISTRY, TRAINING_TASKS, resolve_template
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir, atomic_file, write_json
 from llmpipe.evaluation.checks import Check, Metrics, run_checks, run_costs
 from llmpipe.report import card, figures, page, provenance, tables, vlm
 from llmpipe.report.headline import headline
-from llmpipe.stages import METRICS_STAGES, REGISTRY, TRAINING_TASKS, resolve_template
 
 RL_KL_UNITS = {name: s.kl_unit for name, s in REGISTRY.items() if s.kl_unit}
 """The RL stages and the unit of their ``kl_final`` (registry): our PPO sums the per-token KL over a response (the
