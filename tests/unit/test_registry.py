@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmpipe.config import Params, TrainParams, parse_params
+from llmpipe.config import EvalParams, Params, ParamsError, TrainParams, parse_params
 from llmpipe.config import stages as registry
 
 
@@ -42,3 +42,28 @@ def test_derived_lists_follow_the_registry():
 def test_input_paths_resolve_params_templates():
     params = parse_params({"grpo": {"policy": "dpo"}, "paths": {"models": "m"}})
     assert [str(p) for p in registry.input_paths("grpo", params)] == ["data/sft", "artifacts/tokenizer", "m/dpo"]
+
+
+@pytest.mark.parametrize("name", registry.RL_TASKS)
+def test_an_rl_stage_gets_its_check_headline_figure_and_evaluation_from_its_traits(name):
+    from llmpipe.evaluation.checks import run_checks
+    from llmpipe.stages.report import RL_KL_UNITS
+
+    assert f"check_{name}_reward_gain_se" in [c.metric for c in run_checks({}, {})]
+    assert (f"{name}_reward", "stage", name, "eval_reward") in registry.HEADLINE
+    assert RL_KL_UNITS[name] == registry.REGISTRY[name].kl_unit  # its RL figure and the report's RL table
+    assert name in EvalParams().models and registry.REGISTRY[name].best_metric == ("eval_reward", True)
+
+
+def test_a_verifiable_rl_stage_gets_the_generation_check_and_headline():
+    from llmpipe.evaluation.checks import run_checks
+
+    for name in registry.VERIFIABLE_TASKS:
+        assert f"check_{name}_generation_score_delta" in [c.metric for c in run_checks({}, {})]
+        assert {f"{name}_gen_score", f"{name}_distinct"} <= {key for key, *_ in registry.HEADLINE}
+
+
+def test_group_rules_name_each_grouped_section():
+    for name in registry.GROUPED_TASKS:
+        with pytest.raises(ParamsError, match=rf"{name}\.loss_type luspo .*{name}\.importance_sampling_level"):
+            parse_params({name: {"loss_type": "luspo"}})

@@ -8,10 +8,10 @@ from llmpipe.config.data import DataParams, TokenizerParams
 from llmpipe.config.distributed import DistributedParams
 from llmpipe.config.optim import check_optim_keys
 from llmpipe.config.paths import PathsParams
-from llmpipe.config.rl import GRPOParams, PPOParams
+from llmpipe.config.rl import GRPOParams, PPOParams, check_groups_fit, check_rounds
 from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams, ReportParams
 from llmpipe.config.section import Section
-from llmpipe.config.stages import ADAPTER_TASKS, TRAINING_TASKS
+from llmpipe.config.stages import ADAPTER_TASKS, GROUPED_TASKS, TRAINING_TASKS
 from llmpipe.config.training import (
     DPOParams,
     ModelParams,
@@ -47,6 +47,13 @@ class Params(Section):
     _origin: dict[str, dict[str, str]] = PrivateAttr(default_factory=dict)
     """Per training stage, the section each merged key was written in (``train`` or the stage's own), set by
     `llmpipe.config.loading.parse_params`; private, so the schema and `model_dump` stay as users write them."""
+
+    @model_validator(mode="after")
+    def _generation_rounds(self) -> Params:
+        # First, as when the rules were the section's own; here so that each grouped section is named as itself.
+        for name in GROUPED_TASKS:
+            check_rounds(name, self.stage(name))
+        return self
 
     @model_validator(mode="after")
     def _warmup_within_max_steps(self) -> Params:
@@ -121,23 +128,12 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
-    def _grpo_fits(self) -> Params:
-        g, processes = self.grpo, self.distributed.world_size
+    def _groups_fit(self) -> Params:
+        processes = self.distributed.world_size
         if processes is None:  # num_processes: auto; the launcher knows the world size, GRPOConfig checks it then
             return self
-        generation_batch = g.per_device_train_batch_size * processes * g.resolved_steps_per_generation
-        if generation_batch % g.num_generations:
-            raise ValueError(
-                f"grpo: one generation round holds grpo.per_device_train_batch_size ({g.per_device_train_batch_size})"
-                f" × world size ({processes}) × grpo.steps_per_generation (default: "
-                f"gradient_accumulation_steps) = {generation_batch} completions, not a multiple of grpo.num_generations ({g.num_generations}): "
-                "every prompt's group must fit in one round"
-            )
-        if (g.per_device_eval_batch_size * processes) % g.num_generations:
-            raise ValueError(
-                f"grpo.per_device_eval_batch_size ({g.per_device_eval_batch_size}) × world size "
-                f"({processes}) must be a multiple of grpo.num_generations ({g.num_generations})"
-            )
+        for name in GROUPED_TASKS:
+            check_groups_fit(name, self.stage(name), processes)
         return self
 
     def source_of(self, stage: str, key: str) -> str:

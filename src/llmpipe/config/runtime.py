@@ -10,7 +10,7 @@ import re
 from pydantic import Field, model_validator
 
 from llmpipe.config.section import Section
-from llmpipe.config.stages import DVC_STAGES
+from llmpipe.config.stages import DVC_STAGES, EVALUATED_BY_DEFAULT
 
 
 class ProfileParams(Section):
@@ -79,7 +79,7 @@ class EvalParams(Section):
     """`evaluate`: lm-evaluation-harness on each model in `models`, and the `report`."""
 
     models: list[str] = Field(
-        ["baseline", "pretrain", "sft", "dpo", "ppo", "grpo"],
+        list(EVALUATED_BY_DEFAULT),
         min_length=1,
         description="Model dirs under paths.models to evaluate.",
     )

@@ -29,6 +29,24 @@ Kind = Literal["data", "training", "evaluation", "report", "hand"]
 
 
 @dataclass(frozen=True)
+class Headline:
+    """One number of ``metrics/headline.json``: ``<stage>_<key>``, read from the stage's model's evaluation
+    (``eval``: ``metrics/eval/<stage>.json``) or from the stage's own metrics (``stage``: ``metrics/<stage>.json``)."""
+
+    key: str
+    source: Literal["eval", "stage"]
+    metric: str
+
+
+RL_HEADLINE = (Headline("reward", "stage", "eval_reward"),)
+"""What every RL stage's headline holds: its mean reward on the validation prompts at the end."""
+
+VERIFIABLE_HEADLINE = (Headline("gen_score", "eval", "llmpipe_generation.score"),
+                       Headline("distinct", "eval", "llmpipe_generation.distinct"))
+"""What an RL stage on verifiable rewards adds: its generation score and share of distinct bodies."""
+
+
+@dataclass(frozen=True)
 class Stage:
     """One stage of the pipeline.
 
@@ -44,8 +62,16 @@ class Stage:
         best_metric: The validation metric whose best checkpoint is kept, and whether higher is better.
         one_process: Why the stage cannot run under a multi-process strategy yet; None when it can.
         loads_models: Whether it loads model or tokenizer folders (``--trust-remote-code`` applies).
-        kl_unit: For an RL stage, the unit of its ``kl_final`` metric (the report prints it).
+        kl_unit: For an RL stage, the unit of its ``kl_final`` metric (the report prints it); what makes a stage
+            RL (:attr:`rl`): its reward-gain check, its RL figure and table row, its reward in the headline.
         adapters: Whether the stage's section inherits ``train.peft`` (a fine-tuning stage: adapters apply).
+        evaluated: Whether its model is in ``eval.models`` by default (lm-eval runs on it, the report compares it).
+        causal_lm: Whether its model is a causal LM (the reward model is a sequence classifier: no alignment tax).
+        grouped: Whether it samples a group of ``num_generations`` completions per prompt (GRPO's family): a group
+            must fit one generation round and one evaluation batch, and a checkpoint fall between rounds.
+        verifiable: Whether an RL stage trains on verifiable rewards: its generation score must beat sft's (a
+            check) and the headline adds it with its share of distinct bodies.
+        headline: Its numbers in ``metrics/headline.json`` (an RL stage's come from :func:`_rl`).
     """
 
     name: str
@@ -59,11 +85,30 @@ class Stage:
     loads_models: bool = True
     kl_unit: str | None = None
     adapters: bool = False
+    evaluated: bool = False
+    causal_lm: bool = True
+    grouped: bool = False
+    verifiable: bool = False
+    headline: tuple[Headline, ...] = ()
+
+    @property
+    def rl(self) -> bool:
+        """Whether the stage is reinforcement learning (it has a KL to its reference, :attr:`kl_unit`)."""
+        return self.kl_unit is not None
 
 
 def _training(name: str, section: type[Section], description: str, *inputs: str, **traits: Any) -> Stage:
     traits.setdefault("adapters", True)
+    traits.setdefault("evaluated", True)
     return Stage(name, "training", description, section, inputs, f"${{paths.models}}/{name}", **traits)
+
+
+def _rl(name: str, section: type[Section], description: str, *inputs: str, kl_unit: str, **traits: Any) -> Stage:
+    """An RL training stage: the best checkpoint by validation reward, the RL headline (and, ``verifiable``, the
+    generation score's)."""
+    headline = RL_HEADLINE + (VERIFIABLE_HEADLINE if traits.get("verifiable") else ())
+    return _training(name, section, description, *inputs, best_metric=("eval_reward", True), kl_unit=kl_unit,
+                     headline=headline, **traits)
 
 
 REGISTRY: dict[str, Stage] = {s.name: s for s in (
@@ -74,26 +119,31 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
     Stage("tokenize", "data", "Tokenise the pretraining splits once into memory-mappable token files "
           "(data/tokens/<split>/).", inputs=("${paths.data}/pretrain", "${paths.tokenizer}")),
     Stage("baseline", "data", "Save an untrained (random-init) model of the configured shape: the evaluation "
-          "baseline.", inputs=("${paths.tokenizer}",)),
+          "baseline.", inputs=("${paths.tokenizer}",), evaluated=True),
     _training("pretrain", PretrainParams, "Causal-LM pretraining of a Llama model on packed token blocks.",
-              "${paths.data}/tokens/train", "${paths.data}/tokens/validation", "${paths.tokenizer}", adapters=False),
+              "${paths.data}/tokens/train", "${paths.data}/tokens/validation", "${paths.tokenizer}", adapters=False,
+              headline=(Headline("bpb", "eval", "llmpipe_perplexity.bits_per_byte"),)),
     _training("sft", SFTParams, "Supervised fine-tuning on chat pairs (TRL SFTTrainer), loss on assistant turns.",
-              "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/pretrain"),
-    _training("dpo", DPOParams, "Preference tuning from the SFT model by dpo.method: DPO, KTO, ORPO, SimPO or CPO (TRL).",
-              "${paths.data}/preference", "${paths.tokenizer}", "${paths.models}/sft"),
+              "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/pretrain",
+              headline=(Headline("chat_bpb", "eval", "llmpipe_sft_chat.bits_per_byte"),)),
+    _training("dpo", DPOParams, "Preference tuning from the SFT model by dpo.method: DPO, KTO, ORPO, SimPO or CPO "
+              "(TRL).", "${paths.data}/preference", "${paths.tokenizer}", "${paths.models}/sft",
+              headline=(Headline("pref_acc", "eval", "llmpipe_preference.acc_norm"),
+                        Headline("bpb", "eval", "llmpipe_perplexity.bits_per_byte"))),
     _training("reward", RewardParams, "Reward model (TRL RewardTrainer) from the SFT model on preference pairs; "
-              "held-out pairwise accuracy.", "${paths.data}/preference", "${paths.tokenizer}", "${paths.models}/sft"),
-    _training("ppo", PPOParams, "PPO (llmpipe.rl.ppo on Accelerate) of the SFT/DPO model against the reward model "
-              "and reward functions.", "${paths.data}/sft", "${paths.data}/tokens/train", "${paths.tokenizer}",
-              "${paths.models}/${ppo.policy}", "${paths.models}/reward", best_metric=("eval_reward", True),
-              one_process="its own Accelerate loop (llmpipe.rl.ppo) is single-process for now",
-              kl_unit="nats per response"),
-    _training("grpo", GRPOParams, "Group relative policy optimisation (TRL GRPOTrainer) of the SFT model against "
-              "verifiable rewards.", "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/${grpo.policy}",
-              best_metric=("eval_reward", True), kl_unit="nats per token"),
+              "held-out pairwise accuracy.", "${paths.data}/preference", "${paths.tokenizer}", "${paths.models}/sft",
+              evaluated=False, causal_lm=False, headline=(Headline("acc", "stage", "accuracy"),)),
+    _rl("ppo", PPOParams, "PPO (llmpipe.rl.ppo on Accelerate) of the SFT/DPO model against the reward model and "
+        "reward functions.", "${paths.data}/sft", "${paths.data}/tokens/train", "${paths.tokenizer}",
+        "${paths.models}/${ppo.policy}", "${paths.models}/reward", kl_unit="nats per response",
+        one_process="its own Accelerate loop (llmpipe.rl.ppo) is single-process for now"),
+    _rl("grpo", GRPOParams, "Group relative policy optimisation (TRL GRPOTrainer) of the SFT model against "
+        "verifiable rewards.", "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/${grpo.policy}",
+        kl_unit="nats per token", grouped=True, verifiable=True),
     _training("vlm", VLMParams, "LLaVA vision-language model on the SFT model (TRL SFTTrainer) from image "
               "questions; held-out accuracy by question type.", "${paths.data}/vlm", "${paths.tokenizer}",
-              "${paths.models}/sft", one_process="not yet tried under several processes", adapters=False),
+              "${paths.models}/sft", one_process="not yet tried under several processes", adapters=False,
+              evaluated=False, headline=(Headline("acc", "stage", "test_accuracy"),)),
     Stage("evaluate", "evaluation", "lm-evaluation-harness on one model (--model NAME).",
           inputs=("${paths.data}/eval", "${paths.models}/${item.model}")),
     Stage("report", "report", "The report card reports/report.{md,html}: checks, costs, results across stages, "
@@ -128,6 +178,23 @@ LOADING_TASKS = tuple(name for name, s in REGISTRY.items() if s.loads_models)
 
 DISTRIBUTED_TASKS = of_kind("training", "hand")
 """Tasks that run under `distributed:` params (re-launched under `accelerate launch` when it asks for it)."""
+
+RL_TASKS = tuple(name for name, s in REGISTRY.items() if s.rl)
+"""The RL stages: a reward-gain check each, an RL figure and table row, the reward in the headline."""
+
+GROUPED_TASKS = tuple(name for name, s in REGISTRY.items() if s.grouped)
+"""Stages that sample a group of completions per prompt (the group-size rules of `llmpipe.config.params`)."""
+
+VERIFIABLE_TASKS = tuple(name for name, s in REGISTRY.items() if s.rl and s.verifiable)
+"""RL stages on verifiable rewards: each has the generation-score check against sft."""
+
+EVALUATED_BY_DEFAULT = tuple(name for name, s in REGISTRY.items() if s.evaluated)
+"""The default ``eval.models``: every model lm-eval runs on unless params say otherwise."""
+
+HEADLINE: tuple[tuple[str, Literal["eval", "stage"], str, str], ...] = tuple(
+    (f"{name}_{h.key}", h.source, name, h.metric) for name, s in REGISTRY.items() for h in s.headline)
+"""``(headline key, where from, stage, metric)`` of every stage's :class:`Headline`, in pipeline order. Short keys:
+``dvc exp show`` names its columns ``headline.<key>``."""
 
 _TEMPLATE = re.compile(r"\$\{([a-z_.]+)\}")
 
