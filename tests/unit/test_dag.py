@@ -1,5 +1,6 @@
 """dvc.yaml agrees with the code: each stage's code deps are exactly the llmpipe packages it imports (so editing code
-reruns it, and only it), its other deps are the registry's inputs, and every registered stage has a DVC stage."""
+reruns it, and only it: `llm-train dvc-yaml` reads them from the source, checked here against a real import), its
+other deps are the registry's inputs, and every registered stage has a DVC stage."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import yaml
 from conftest import ROOT
 
 from llmpipe.config import stages as registry
+from llmpipe.orchestration import dag
 
 IMPORTS = """
 import json, sys
@@ -39,10 +41,11 @@ def dvc_stages() -> dict:
 
 @pytest.mark.parametrize("task", registry.DVC_STAGES)
 def test_code_deps_are_exactly_the_imported_packages(task):
+    rendered, expected = set(dag.code_deps(task)), code_units(task)
+    assert rendered == expected, (f"llmpipe.orchestration.dag.code_deps({task!r}) reads {sorted(rendered)} from the "
+                                  f"source, a real import loads {sorted(expected)}")
     deps = [d for d in dvc_stages()[task]["deps"] if d.startswith("src/")]
-    expected = code_units(task)
-    assert not expected - set(deps), f"dvc.yaml stage {task}: add {sorted(expected - set(deps))} to its deps"
-    assert not set(deps) - expected, f"dvc.yaml stage {task}: it does not import {sorted(set(deps) - expected)}"
+    assert set(deps) == expected, f"dvc.yaml stage {task}: its code deps are stale; run llm-train dvc-yaml --write"
 
 
 @pytest.mark.parametrize("task", [t for t in registry.DVC_STAGES if t != "report"])
@@ -70,5 +73,6 @@ def test_training_stage_writes_its_model_and_reads_its_section(task):
 def test_every_registered_stage_has_a_dvc_stage_and_no_other():
     dvc = set(dvc_stages())
     registered = set(registry.DVC_STAGES)
-    assert not registered - dvc, f"add a stage to dvc.yaml for {sorted(registered - dvc)}"
-    assert not dvc - registered, f"register {sorted(dvc - registered)} in llmpipe/config/stages.py (REGISTRY)"
+    assert not registered - dvc, f"no dvc.yaml stage for {sorted(registered - dvc)}: run llm-train dvc-yaml --write"
+    assert not dvc - registered, (f"dvc.yaml stages {sorted(dvc - registered)} are not in the registry "
+                                  "(llmpipe/config/stages.py): register them, or delete a renamed stage's old block")

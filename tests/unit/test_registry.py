@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+
 import pytest
+from conftest import ROOT
 
 from llmpipe.config import EvalParams, Params, ParamsError, TrainParams, parse_params
 from llmpipe.config import stages as registry
@@ -67,3 +70,11 @@ def test_group_rules_name_each_grouped_section():
     for name in registry.GROUPED_TASKS:
         with pytest.raises(ParamsError, match=rf"{name}\.loss_type luspo .*{name}\.importance_sampling_level"):
             parse_params({name: {"loss_type": "luspo"}})
+
+
+@pytest.mark.parametrize("name", registry.REGISTRY)
+def test_every_registered_stage_has_its_module_with_run(name):
+    path = ROOT / "src" / "llmpipe" / "stages" / f"{name}.py"
+    assert path.is_file(), f"add src/llmpipe/stages/{name}.py with run(params, ...) (docs/ARCHITECTURE.md)"
+    functions = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+    assert "run" in functions, f"src/llmpipe/stages/{name}.py: add run(params, ...), the function its task calls"

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from llmpipe.config.curves import BARE, PPO, TRAINER, TRL_RL, Curves
 from llmpipe.config.rl import GRPOParams, PPOParams
 from llmpipe.config.section import Section
 from llmpipe.config.training import DPOParams, PretrainParams, RewardParams, SFTParams
@@ -72,6 +73,11 @@ class Stage:
         verifiable: Whether an RL stage trains on verifiable rewards: its generation score must beat sft's (a
             check) and the headline adds it with its share of distinct bodies.
         headline: Its numbers in ``metrics/headline.json`` (an RL stage's come from :func:`_rl`).
+        params: The params sections and keys it reads (dvc.yaml's ``params:``; a training stage's by default:
+            :func:`training_params`).
+        outs: What it writes, as dvc.yaml lists its ``outs`` (a training stage: besides its model and logs).
+        samples: Whether a training stage writes ``logs/<stage>/samples.jsonl`` (its ``samples`` hook answers).
+        curves: What a training stage logs per step and how dvc.yaml plots it (`llmpipe.config.curves`).
     """
 
     name: str
@@ -90,6 +96,10 @@ class Stage:
     grouped: bool = False
     verifiable: bool = False
     headline: tuple[Headline, ...] = ()
+    params: tuple[str, ...] = ()
+    outs: tuple[str, ...] = ()
+    samples: bool = True
+    curves: Curves | None = None
 
     @property
     def rl(self) -> bool:
@@ -97,9 +107,17 @@ class Stage:
         return self.kl_unit is not None
 
 
+def training_params(name: str) -> tuple[str, ...]:
+    """What a training stage reads by default: paths, the attention choice, ``train``, its section, and the
+    launch and profiler sections (a profiled run logs the profiler's overhead in its tokens/s)."""
+    return ("paths", "model.attn_implementation", "train", name, "distributed", "profile")
+
+
 def _training(name: str, section: type[Section], description: str, *inputs: str, **traits: Any) -> Stage:
     traits.setdefault("adapters", True)
     traits.setdefault("evaluated", True)
+    traits.setdefault("params", training_params(name))
+    traits.setdefault("curves", TRAINER)
     return Stage(name, "training", description, section, inputs, f"${{paths.models}}/{name}", **traits)
 
 
@@ -107,22 +125,32 @@ def _rl(name: str, section: type[Section], description: str, *inputs: str, kl_un
     """An RL training stage: the best checkpoint by validation reward, the RL headline (and, ``verifiable``, the
     generation score's)."""
     headline = RL_HEADLINE + (VERIFIABLE_HEADLINE if traits.get("verifiable") else ())
+    traits.setdefault("curves", TRL_RL)
     return _training(name, section, description, *inputs, best_metric=("eval_reward", True), kl_unit=kl_unit,
                      headline=headline, **traits)
 
 
 REGISTRY: dict[str, Stage] = {s.name: s for s in (
     Stage("prepare", "data", "Build train/validation/test datasets (pretraining text, SFT pairs, preference pairs, "
-          "eval sets).", loads_models=False),
+          "eval sets).", loads_models=False, params=("paths", "data"),
+          outs=tuple(f"${{paths.data}}/{kind}" for kind in ("pretrain", "sft", "preference", "eval", "vlm"))),
     Stage("tokenizer", "data", "Train a byte-level BPE tokenizer on the pretraining split (or load one).",
-          inputs=("${paths.data}/pretrain",)),
+          inputs=("${paths.data}/pretrain",), params=("paths", "tokenizer", "model.init_from", "model.revision"),
+          outs=("${paths.tokenizer}",)),
     Stage("tokenize", "data", "Tokenise the pretraining splits once into memory-mappable token files "
-          "(data/tokens/<split>/).", inputs=("${paths.data}/pretrain", "${paths.tokenizer}")),
+          "(data/tokens/<split>/).", inputs=("${paths.data}/pretrain", "${paths.tokenizer}"), params=("paths",),
+          outs=("${paths.data}/tokens/train", "${paths.data}/tokens/validation")),
     Stage("baseline", "data", "Save an untrained (random-init) model of the configured shape: the evaluation "
-          "baseline.", inputs=("${paths.tokenizer}",), evaluated=True),
+          "baseline.", inputs=("${paths.tokenizer}",), evaluated=True, params=("paths", "model"),
+          outs=("${paths.models}/baseline",)),
     _training("pretrain", PretrainParams, "Causal-LM pretraining of a Llama model on packed token blocks.",
               "${paths.data}/tokens/train", "${paths.data}/tokens/validation", "${paths.tokenizer}", adapters=False,
-              headline=(Headline("bpb", "eval", "llmpipe_perplexity.bits_per_byte"),)),
+              headline=(Headline("bpb", "eval", "llmpipe_perplexity.bits_per_byte"),),
+              # the whole model section (it builds the model), and what a stream reads (data.streaming); the rest
+              # of `data` reaches pretrain through data/tokens
+              params=("paths", "model", "train", "pretrain", "distributed", "profile", "data.source",
+                      "data.streaming", "data.hf", "data.mixture", "data.validation_source", "data.stream",
+                      "data.seed", "data.validation_fraction", "data.test_fraction", "data.max_chars_per_document")),
     _training("sft", SFTParams, "Supervised fine-tuning on chat pairs (TRL SFTTrainer), loss on assistant turns.",
               "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/pretrain",
               headline=(Headline("chat_bpb", "eval", "llmpipe_sft_chat.bits_per_byte"),)),
@@ -132,22 +160,29 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
                         Headline("bpb", "eval", "llmpipe_perplexity.bits_per_byte"))),
     _training("reward", RewardParams, "Reward model (TRL RewardTrainer) from the SFT model on preference pairs; "
               "held-out pairwise accuracy.", "${paths.data}/preference", "${paths.tokenizer}", "${paths.models}/sft",
-              evaluated=False, causal_lm=False, headline=(Headline("acc", "stage", "accuracy"),)),
+              evaluated=False, causal_lm=False, headline=(Headline("acc", "stage", "accuracy"),), samples=False),
     _rl("ppo", PPOParams, "PPO (llmpipe.rl.ppo on Accelerate) of the SFT/DPO model against the reward model and "
         "reward functions.", "${paths.data}/sft", "${paths.data}/tokens/train", "${paths.tokenizer}",
         "${paths.models}/${ppo.policy}", "${paths.models}/reward", kl_unit="nats per response",
-        one_process="its own Accelerate loop (llmpipe.rl.ppo) is single-process for now"),
+        one_process="its own Accelerate loop (llmpipe.rl.ppo) is single-process for now", curves=PPO),
     _rl("grpo", GRPOParams, "Group relative policy optimisation (TRL GRPOTrainer) of the SFT model against "
         "verifiable rewards.", "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/${grpo.policy}",
         kl_unit="nats per token", grouped=True, verifiable=True),
     _training("vlm", VLMParams, "LLaVA vision-language model on the SFT model (TRL SFTTrainer) from image "
               "questions; held-out accuracy by question type.", "${paths.data}/vlm", "${paths.tokenizer}",
               "${paths.models}/sft", one_process="not yet tried under several processes", adapters=False,
-              evaluated=False, headline=(Headline("acc", "stage", "test_accuracy"),)),
+              evaluated=False, headline=(Headline("acc", "stage", "test_accuracy"),), samples=False,
+              outs=("${paths.logs}/vlm/answers",), curves=BARE),
     Stage("evaluate", "evaluation", "lm-evaluation-harness on one model (--model NAME).",
-          inputs=("${paths.data}/eval", "${paths.models}/${item.model}")),
+          inputs=("${paths.data}/eval", "${paths.models}/${item.model}"),
+          params=("paths", "model.attn_implementation", "eval.tasks", "eval.task_options", "eval.limit",
+                  "eval.batch_size", "eval.max_length", "eval.max_new_tokens")),
+    # the report also reads the keys its stages' inputs are templated by (ppo.policy: where ppo started), which
+    # `report_params` adds before `report`
     Stage("report", "report", "The report card reports/report.{md,html}: checks, costs, results across stages, "
-          "figures, per-stage statistics, provenance; metrics/headline.json.", loads_models=False),
+          "figures, per-stage statistics, provenance; metrics/headline.json.", loads_models=False,
+          params=("paths", "eval.models", "eval.tasks", "eval.limit", "report"),
+          outs=("${paths.reports}/report.md", "${paths.reports}/report.html", "${paths.reports}/figures")),
     Stage("regression", "hand", "Hardware smoke test: an MLP on y = Xw + noise with plain Accelerate; ranks must "
           "agree (hand run).", loads_models=False),
 )}
@@ -197,6 +232,19 @@ HEADLINE: tuple[tuple[str, Literal["eval", "stage"], str, str], ...] = tuple(
 ``dvc exp show`` names its columns ``headline.<key>``."""
 
 _TEMPLATE = re.compile(r"\$\{([a-z_.]+)\}")
+
+
+def templated_keys() -> tuple[str, ...]:
+    """The params keys that training stages' inputs are templated by (``${ppo.policy}``), in pipeline order: the
+    report reads them to know where each stage started."""
+    keys = (m for name in TRAINING_TASKS for t in REGISTRY[name].inputs for m in _TEMPLATE.findall(t))
+    return tuple(dict.fromkeys(k for k in keys if not k.startswith("paths.")))
+
+
+def report_params() -> tuple[str, ...]:
+    """The report's params: its own, with :func:`templated_keys` before its ``report`` section."""
+    *own, last = REGISTRY["report"].params
+    return (*own, *templated_keys(), last)
 
 
 def resolve_template(template: str, params: Any) -> str:
