@@ -39,7 +39,7 @@ def test_dvc_yaml_is_as_the_registry_renders_it():
 
 
 def test_a_users_own_stage_chart_and_comments_survive_a_rerender(tmp_path):
-    text = (ROOT / "dvc.yaml").read_text()
+    text = dvc_yaml.render((ROOT / "dvc.yaml").read_text())  # as rendered, whether or not the file is yet
     text = text.replace("\n  dpo:\n", f"\n{USER_STAGE}\n  dpo:\n", 1).rstrip("\n") + "\n" + USER_CHART
     text = text.replace("  sft:\n", "  # a note of mine above sft\n  sft:\n", 1)
     edited = text.replace("      - sft\n", "      - sft\n      - my.own.key\n", 1)  # a hand edit of llmpipe's block
