@@ -16,7 +16,7 @@ import yaml
 from conftest import ROOT, sh
 from PIL import Image
 
-from llmpipe import stages
+from llmpipe.config import stages as registry
 from llmpipe.report.tables import fmt
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def headless(page: Path, screenshot: Path) -> list[str]:
 
 def test_report_card_has_every_stage_and_every_figure_opens(repo):
     text = (repo / "reports" / "report.md").read_text()
-    for stage in stages.TRAINING_TASKS:
+    for stage in registry.TRAINING_TASKS:
         assert re.search(rf"^\| {stage} \| ", text, re.MULTILINE), f"{stage} has no row in the card"
     links = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", text)
     figures, names = {"loss.png", "lr.png", "rl.png"}, {Path(link).name for link in links}
@@ -78,7 +78,7 @@ def test_report_tables_agree_with_metrics_and_dvc_lock(repo, pipeline_env):
     assert any(p.startswith("data/") for p in outputs) and any(p.startswith("models/") for p in outputs)
     for path, md5 in outputs.items():
         assert f"| `{path}` | `{md5}` |" in text, path
-    for stage in stages.TRAINING_TASKS:
+    for stage in registry.TRAINING_TASKS:
         m = json.loads((repo / "metrics" / f"{stage}.json").read_text())
         row = f"| {stage} | {fmt(m['wall_time_s'])} | {fmt(m['steps'])} | "
         assert row in text, row

@@ -24,8 +24,8 @@ from user_models import (
 
 from llmpipe.config import parse_params
 from llmpipe.core.errors import UserError
-from llmpipe.model_source import weights_dir
 from llmpipe.models import build_model, init_model, load_model, load_tokenizer
+from llmpipe.models.source import weights_dir
 
 STEPS = {"max_steps": 2, "eval_steps": 2, "save_steps": 2, "warmup_steps": 0, "logging_steps": 1}
 
@@ -171,7 +171,7 @@ def test_a_hub_id_resolves_through_the_cache_offline(llama, tmp_path, monkeypatc
     tokenizer = load_tokenizer(params.paths.tokenizer)
     model = init_model(hub.model, tokenizer)
     assert torch.equal(model.state_dict()["lm_head.weight"], weights(source)["lm_head.weight"])
-    from llmpipe.model_source import write_pointer
+    from llmpipe.models.source import write_pointer
 
     written = write_pointer(tmp_path / "pointer", hub.model, tokenizer)
     assert written["revision"] == commit and weights_dir(tmp_path / "pointer").name == commit
