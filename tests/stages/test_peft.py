@@ -159,8 +159,8 @@ def test_lora_sft_then_dpo_changes_only_adapters_with_one_base_copy(peftdir, mon
 @pytest.mark.slow
 def test_unmerged_adapter_is_what_later_stages_and_evaluation_load(peftdir, monkeypatch):
     from llmpipe.evaluation import harness
-    from llmpipe.adapter_folders import model_config
     from llmpipe.models import check_model_dir
+    from llmpipe.models.folders import model_config
 
     monkeypatch.chdir(peftdir)
     params = stage_params(peftdir, "unmerged", sft={"peft": {"method": "lora", "r": 4, "merge": False}})

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import Params, TrainParams
+from llmpipe.config.stages import REGISTRY, TRAINING_TASKS
 from llmpipe.core.errors import UserError
-from llmpipe.stages import REGISTRY, TRAINING_TASKS
 from llmpipe.train.trackers import tracker_kwargs
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
 
     Args:
         params: Validated params.
-        stage: A training stage section name (one of `llmpipe.stages.TRAINING_TASKS`).
+        stage: A training stage section name (one of `llmpipe.config.stages.TRAINING_TASKS`).
         output_dir: The run's checkpoint folder.
 
     Returns:
