@@ -33,6 +33,7 @@ RESUME = {
     "reward": {"max_steps": 9, "save_steps": 4, "eval_steps": 9, "logging_steps": 1},
     # RL stages: a step is a generation round (GRPO) or a rollout plus its PPO epochs, so fewer of them.
     "grpo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1},
+    "rloo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1},
     "ppo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1},
     "vlm": {"max_steps": 9, "save_steps": 4, "eval_steps": 9, "logging_steps": 1},
 }
@@ -126,7 +127,7 @@ def test_a_killed_stage_resumes_exactly(stagedir, case, tmp_path, monkeypatch):
     assert [r["step"] for r in got] == [r["step"] for r in want], "the log keeps the steps before the kill"
     for a, b in zip(got, want, strict=True):
         assert float(a["loss"]) == pytest.approx(float(b["loss"]), abs=1e-4), f"step {a['step']}"
-    final = "eval_reward" if stage in ("ppo", "grpo") else "eval_loss"
+    final = registry.REGISTRY[stage].best_metric[0]  # eval_reward for the RL stages
     assert resumed[final] == pytest.approx(reference[final], abs=1e-4)
     if case in ADAPTER_CASES:
         adapter = killed / "models" / stage / "adapter" / "adapter_model.safetensors"

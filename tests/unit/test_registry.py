@@ -68,8 +68,8 @@ def test_a_verifiable_rl_stage_gets_the_generation_check_and_headline():
 
 def test_group_rules_name_each_grouped_section():
     for name in registry.GROUPED_TASKS:
-        with pytest.raises(ParamsError, match=rf"{name}\.loss_type luspo .*{name}\.importance_sampling_level"):
-            parse_params({name: {"loss_type": "luspo"}})
+        with pytest.raises(ParamsError, match=rf"{name}\.save_steps \(3\) × {name}\.gradient_accumulation_steps"):
+            parse_params({name: {"save_steps": 3, "steps_per_generation": 2}})
 
 
 @pytest.mark.parametrize("name", registry.REGISTRY)

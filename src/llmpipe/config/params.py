@@ -8,7 +8,7 @@ from llmpipe.config.data import DataParams, TokenizerParams
 from llmpipe.config.distributed import DistributedParams
 from llmpipe.config.optim import check_optim_keys
 from llmpipe.config.paths import PathsParams
-from llmpipe.config.rl import GRPOParams, PPOParams, check_groups_fit, check_rounds
+from llmpipe.config.rl import GRPOParams, PPOParams, RLOOParams, check_groups_fit, check_rounds
 from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams, ReportParams
 from llmpipe.config.section import Section
 from llmpipe.config.stages import ADAPTER_TASKS, GROUPED_TASKS, TRAINING_TASKS
@@ -37,6 +37,7 @@ class Params(Section):
     dpo: DPOParams = DPOParams()
     ppo: PPOParams = PPOParams()
     grpo: GRPOParams = GRPOParams()
+    rloo: RLOOParams = RLOOParams()
     vlm: VLMParams = VLMParams()
     distributed: DistributedParams = DistributedParams()
     profile: ProfileParams = ProfileParams()

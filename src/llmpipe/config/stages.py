@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmpipe.config.curves import BARE, PPO, TRAINER, TRL_RL, Curves
-from llmpipe.config.rl import GRPOParams, PPOParams
+from llmpipe.config.rl import GRPOParams, PPOParams, RLOOParams
 from llmpipe.config.section import Section
 from llmpipe.config.training import DPOParams, PretrainParams, RewardParams, SFTParams
 from llmpipe.config.vlm import VLMParams
@@ -171,6 +171,9 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
         hf_trainer=False),
     _rl("grpo", GRPOParams, "Group relative policy optimisation (TRL GRPOTrainer) of the SFT model against "
         "verifiable rewards.", "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/${grpo.policy}",
+        kl_unit="nats per token", grouped=True, verifiable=True),
+    _rl("rloo", RLOOParams, "REINFORCE leave-one-out (TRL RLOOTrainer) of the SFT model on grpo's prompts and "
+        "verifiable rewards.", "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/${rloo.policy}",
         kl_unit="nats per token", grouped=True, verifiable=True),
     _training("vlm", VLMParams, "LLaVA vision-language model on the SFT model (TRL SFTTrainer) from image "
               "questions; held-out accuracy by question type.", "${paths.data}/vlm", "${paths.tokenizer}",
