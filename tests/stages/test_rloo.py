@@ -1,5 +1,6 @@
 """The `rloo` stage: its params map onto TRL's RLOOConfig (grpo's shared keys and RLOO's own, none of GRPO's
-alone), and a few steps on a tiny real model log the loss and reward and train every parameter."""
+alone), its section takes grpo's values for the keys they share, and a few steps on a tiny real model log the loss
+and reward and train every parameter."""
 
 from __future__ import annotations
 
@@ -28,6 +29,19 @@ def test_grpo_only_keys_are_refused_under_rloo():
         parse_params({"rloo": {"loss_type": "dapo"}})
     with pytest.raises(ParamsError, match=r"not a multiple of rloo\.num_generations \(8\)"):
         parse_params({"rloo": {"per_device_train_batch_size": 12}})
+
+
+def test_rloo_takes_grpos_values_for_the_keys_it_shares():
+    params = parse_params({"train": {"seed": 7}, "grpo": {"lr": 0.01, "loss_type": "dr_grpo", "beta": 0.3,
+                                                          "rewards": [{"name": "python_parses"}],
+                                                          "generation": {"temperature": 0.5}},
+                           "rloo": {"beta": 0.1, "generation": {"top_k": 3}}})  # fmt: skip
+    r = params.rloo
+    assert (r.lr, r.seed, r.beta, [s.name for s in r.rewards]) == (0.01, 7, 0.1, ["python_parses"])
+    assert (r.generation.temperature, r.generation.top_k) == (0.5, 3), "a block merges key by key"
+    assert params.source_of("rloo", "lr") == "grpo.lr" and params.source_of("rloo", "beta") == "rloo.beta"
+    with pytest.raises(ParamsError, match=r"grpo\.num_generations \(3\)"):  # named where it was set
+        parse_params({"grpo": {"num_generations": 3}})
 
 
 @pytest.mark.slow

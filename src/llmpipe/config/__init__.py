@@ -2,9 +2,9 @@
 
 Every section is a pydantic v2 model with ``extra="forbid"``, so a mistyped key is an error that
 names the key path and, where one is close, the key that was meant. The ``train`` section holds
-training defaults; each training stage section (``pretrain``, ``sft``, ``dpo``, ``reward``, ``ppo``,
-``grpo``) may override any of them and adds its own keys. :func:`load_params` merges ``train`` under each
-stage section before validation, so ``params.sft.lr`` is the value SFT really uses.
+training defaults; each training stage's section (one per training stage of the registry,
+:mod:`~llmpipe.config.stages`) may override any of them and adds its own keys. :func:`load_params` merges ``train``
+under each stage section before validation, so ``params.sft.lr`` is the value SFT really uses.
 
 One module per family of sections, and every name is re-exported here (import from ``llmpipe.config``):
 
@@ -12,7 +12,7 @@ One module per family of sections, and every name is re-exported here (import fr
 - :mod:`~llmpipe.config.data`: ``data`` (sources, stream, dedup) and ``tokenizer``.
 - :mod:`~llmpipe.config.training`: ``model``, ``train``, ``pretrain``, ``sft``, ``reward``, ``dpo``.
 - :mod:`~llmpipe.config.peft`: ``peft`` (in ``train`` and each adapter stage's section).
-- :mod:`~llmpipe.config.rl`: ``ppo``, ``grpo`` and their generation and reward specs.
+- :mod:`~llmpipe.config.rl`: ``ppo``, ``grpo``, ``rloo`` and their generation and reward specs.
 - :mod:`~llmpipe.config.runtime`: ``profile``, ``regression``, ``eval``, ``orchestration``.
 - :mod:`~llmpipe.config.params`: :class:`Params`, the root, with the rules that cross sections.
 - :mod:`~llmpipe.config.loading`: :func:`load_params`, :func:`parse_params`, :class:`ParamsError`.
@@ -39,7 +39,16 @@ from llmpipe.config.loading import ParamsError, load_params, parse_params, set_d
 from llmpipe.config.params import Params
 from llmpipe.config.paths import PathsParams
 from llmpipe.config.peft import PeftParams
-from llmpipe.config.rl import GenerationParams, GRPOLossType, GRPOParams, PPOParams, RewardName, RewardSpec
+from llmpipe.config.rl import (
+    GenerationParams,
+    GroupParams,
+    GRPOLossType,
+    GRPOParams,
+    PPOParams,
+    RewardName,
+    RewardSpec,
+    RLOOParams,
+)
 from llmpipe.config.runtime import (
     EVAL_TASKS,
     EvalParams,
@@ -71,6 +80,7 @@ __all__ = [
     "GRPOLossType",
     "GRPOParams",
     "GenerationParams",
+    "GroupParams",
     "HFPreferenceParams",
     "HFRecordsParams",
     "HFSFTParams",
@@ -92,6 +102,7 @@ __all__ = [
     "RewardName",
     "RewardParams",
     "RewardSpec",
+    "RLOOParams",
     "SFTFormat",
     "SFTParams",
     "StdlibSourceParams",

@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from llmpipe.config.params import Params
-from llmpipe.config.stages import ADAPTER_TASKS, TRAINING_TASKS
+from llmpipe.config.stages import ADAPTER_TASKS, REGISTRY, TRAINING_TASKS
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import decode_line
 
@@ -57,7 +57,8 @@ def _format_errors(err: ValidationError, source: str, origin: dict[str, str]) ->
 
 
 def parse_params(raw: Any, source: str = "params.yaml") -> Params:
-    """Validate a raw params mapping, merging `train` defaults under each training stage.
+    """Validate a raw params mapping, merging `train` defaults under each training stage (and, for a stage that
+    inherits another's section, that section's keys its own class has, between the two).
 
     Args:
         raw: The mapping read from params.yaml.
@@ -79,11 +80,18 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
     origin: dict[str, dict[str, str]] = {}
     if isinstance(train, dict):
         for name in TRAINING_TASKS:
-            own = raw.get(name) or {}
-            if not isinstance(own, dict):
+            layers = {"train": {k: v for k, v in train.items() if k != "peft" or name in ADAPTER_TASKS}}
+            if parent := REGISTRY[name].inherits:
+                keys = REGISTRY[name].section.model_fields
+                values = raw.get(parent) or {}
+                layers[parent] = {k: v for k, v in values.items() if k in keys} if isinstance(values, dict) else {}
+            layers[name] = raw.get(name) or {}
+            if not isinstance(layers[name], dict):
                 continue
-            merged[name] = inherit({k: v for k, v in train.items() if k != "peft" or name in ADAPTER_TASKS}, own)
-            origin[name] = {k: ("train" if k not in own else name) for k in merged[name]}
+            merged[name], origin[name] = {}, {}
+            for section, values in layers.items():
+                merged[name] = inherit(merged[name], values)
+                origin[name] |= dict.fromkeys(values, section)
     try:
         params = Params.model_validate(merged)
     except ValidationError as err:

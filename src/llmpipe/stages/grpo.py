@@ -149,7 +149,7 @@ class GRPO(TrainerStage):
         return train, valid
 
     def samples(self):
-        """The default prompts, sampled with ``grpo.generation`` and scored by ``grpo.rewards``."""
+        """The default prompts, sampled with the section's ``generation`` and scored by its ``rewards``."""
         from llmpipe.rl.rewards import compute_rewards
         from llmpipe.train.samples import generation_config, model_generate, stage_prompts
 
