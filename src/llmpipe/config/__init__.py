@@ -6,15 +6,17 @@ training defaults; each training stage's section (one per training stage of the 
 :mod:`~llmpipe.config.stages`) may override any of them and adds its own keys. :func:`load_params` merges ``train``
 under each stage section before validation, so ``params.sft.lr`` is the value SFT really uses.
 
-One module per family of sections, and every name is re-exported here (import from ``llmpipe.config``):
+One module per family of sections; the names other packages use are re-exported here (import from
+``llmpipe.config``):
 
 - :mod:`~llmpipe.config.paths`: ``paths``.
 - :mod:`~llmpipe.config.data`: ``data`` (sources, stream, dedup) and ``tokenizer``.
 - :mod:`~llmpipe.config.training`: ``model``, ``train``, ``pretrain``, ``sft``, ``reward``, ``dpo``.
 - :mod:`~llmpipe.config.peft`: ``peft`` (in ``train`` and each adapter stage's section).
-- :mod:`~llmpipe.config.rl`: ``ppo``, ``grpo``, ``rloo`` and their generation and reward specs.
+- :mod:`~llmpipe.config.rl`: the RL stages' sections and their generation and reward specs.
 - :mod:`~llmpipe.config.runtime`: ``profile``, ``regression``, ``eval``, ``orchestration``.
 - :mod:`~llmpipe.config.params`: :class:`Params`, the root, with the rules that cross sections.
+- :mod:`~llmpipe.config.stages`: the registry of stages.
 - :mod:`~llmpipe.config.loading`: :func:`load_params`, :func:`parse_params`, :class:`ParamsError`.
 """
 
@@ -39,16 +41,7 @@ from llmpipe.config.loading import ParamsError, load_params, parse_params, set_d
 from llmpipe.config.params import Params
 from llmpipe.config.paths import PathsParams
 from llmpipe.config.peft import PeftParams
-from llmpipe.config.rl import (
-    GenerationParams,
-    GroupParams,
-    GRPOLossType,
-    GRPOParams,
-    PPOParams,
-    RewardName,
-    RewardSpec,
-    RLOOParams,
-)
+from llmpipe.config.rl import GenerationParams, GRPOLossType, GRPOParams, PPOParams, RewardName, RewardSpec
 from llmpipe.config.runtime import (
     EVAL_TASKS,
     EvalParams,
@@ -80,7 +73,6 @@ __all__ = [
     "GRPOLossType",
     "GRPOParams",
     "GenerationParams",
-    "GroupParams",
     "HFPreferenceParams",
     "HFRecordsParams",
     "HFSFTParams",
@@ -102,7 +94,6 @@ __all__ = [
     "RewardName",
     "RewardParams",
     "RewardSpec",
-    "RLOOParams",
     "SFTFormat",
     "SFTParams",
     "StdlibSourceParams",
