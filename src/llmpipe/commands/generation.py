@@ -125,14 +125,17 @@ def _load_adapter(path: Path, trust_remote_code: bool):
     :func:`llmpipe.models.pretrained_kwargs`)."""
     from peft import AutoPeftModelForCausalLM
 
+    from llmpipe.adapter_folders import fix_virtual_tokens
+
     base = base_model_dir(path)
     check_model_dir(base, f"the base model of the adapter {path} must be a saved model folder", trust_remote_code)
     if problem := _adapter_weights_problem(path, trust_remote_code):
         raise UserError(f"{path}: {problem}")
     try:
-        return AutoPeftModelForCausalLM.from_pretrained(str(path), **pretrained_kwargs(trust_remote_code))
+        model = AutoPeftModelForCausalLM.from_pretrained(str(path), **pretrained_kwargs(trust_remote_code))
     except (OSError, ValueError, KeyError) as err:  # peft's and transformers' errors for folders they cannot read
         raise UserError(f"{path}: cannot load the adapter: {root_cause(err)}") from None
+    return fix_virtual_tokens(model)  # prefix or prompt tuning: answers as its forward defines them
 
 
 def load_for_generation(path: str | Path, trust_remote_code: bool = False):
