@@ -78,28 +78,6 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
-    def _adapters_fit(self) -> Params:
-        # AdaLoRA's rank budget runs over a known number of steps (peft's `total_step`), reallocated per optimizer step
-        from llmpipe.stages import ADAPTER_TASKS
-
-        for name in ADAPTER_TASKS:
-            t = self.stage(name)
-            if name == "ppo" and t.peft.method in ("prefix_tuning", "prompt_tuning"):
-                raise ValueError(f"ppo.peft.method {t.peft.method}: ppo's own loop reads the value model's hidden "
-                                 "states position by position, which virtual tokens would shift; use lora or ia3")  # fmt: skip
-            if t.peft.method != "adalora":
-                continue
-            if name == "ppo":
-                raise ValueError("ppo.peft.method adalora: its rank schedule runs on the Trainer's optimizer-step hook, "
-                                 "which ppo's own loop does not have; use lora for ppo")  # fmt: skip
-            if t.max_steps <= 0 or t.peft.tinit + t.peft.tfinal >= t.max_steps:
-                raise ValueError(
-                    f"{name}.peft.method adalora schedules its rank budget over {name}.max_steps: set it (> 0, now "
-                    f"{t.max_steps}) above peft.tinit + peft.tfinal ({t.peft.tinit} + {t.peft.tfinal})"
-                )
-        return self
-
-    @model_validator(mode="after")
     def _start_is_given(self) -> Params:
         m = self.model
         if not self.pretrain.enabled and m.scratch:

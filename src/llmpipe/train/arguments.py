@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import Params, TrainParams
+from llmpipe.config.peft import stage_refusal
 from llmpipe.core.errors import UserError
-from llmpipe.stages import REGISTRY, TRAINING_TASKS
+from llmpipe.stages import ADAPTER_TASKS, REGISTRY, TRAINING_TASKS
 from llmpipe.train.trackers import tracker_kwargs
 
 log = logging.getLogger(__name__)
@@ -53,22 +54,26 @@ def resolve_precision(precision: str, key: str = "train.precision") -> tuple[boo
 
 
 def check_device_params(params: Params, stage: str) -> None:
-    """Refuse params the device cannot run before a training stage does any work (`llm-train` calls it before the
-    stage loads a model or opens its run folder): the stage's ``precision`` and ``optim``.
+    """Refuse params the stage being run cannot train with before it does any work (`llm-train` calls it before the
+    stage loads a model or opens its run folder): its ``precision`` and ``optim`` on this device, and its `peft:`
+    with its ``optim`` (`llmpipe.config.peft.stage_refusal`, for what it inherits from `train:`).
 
     Args:
         params: Validated params.
         stage: The task being run; a stage that does not train is not checked.
 
     Raises:
-        UserError: See :func:`resolve_precision` and `llmpipe.train.optimizers.check_optimizer`; the message names
-            the key where the value was set (``dpo.precision`` under ``dpo``, ``train.precision`` when inherited).
+        UserError: See :func:`resolve_precision`, `llmpipe.train.optimizers.check_optimizer` and
+            `llmpipe.config.peft.stage_refusal`; the message names the key where the value was set
+            (``dpo.precision`` under ``dpo``, ``train.precision`` when inherited).
     """
     from llmpipe.train.optimizers import check_optimizer
 
     if stage in TRAINING_TASKS:
         resolve_precision(params.stage(stage).precision, params.source_of(stage, "precision"))
         check_optimizer(params.stage(stage).optim, params.source_of(stage, "optim"), params.distributed.strategy)
+    if stage in ADAPTER_TASKS and (why := stage_refusal(params, stage)):
+        raise UserError(why.message)
 
 
 def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, Any]:
