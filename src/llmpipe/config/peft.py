@@ -145,7 +145,8 @@ def stage_refusal(params: Params, stage: str) -> Refusal | None:
     (its rank schedule runs on the Trainer's optimizer-step hook) and no schedule-free optimizer (it does not switch
     one between its training and averaged weights, as the Trainer does); reward takes no virtual tokens (peft 0.21
     cannot prefix-tune a transformers 5 classifier, and gives a prompt-tuned one no token ids, so it scores the
-    last position, a pad in a right-padded batch); AdaLoRA needs a step budget; Muon needs a trainable weight
+    last position, a pad in a right-padded batch); dpo's ORPO, SimPO and CPO take no prompt tuning (TRL pairs
+    their logits with the labels position by position); AdaLoRA needs a step budget; Muon needs a trainable weight
     matrix (:data:`NOT_FOR_MUON`; LoRA of rank 1 has vectors only).
 
     Args:
@@ -173,6 +174,11 @@ def stage_refusal(params: Params, stage: str) -> Refusal | None:
                if cfg.method == "prefix_tuning" else "gives the classifier no token ids, so it scores the last "
                "position, a pad in a right-padded batch")  # fmt: skip
         return Refusal(f"{method}: peft 0.21's virtual tokens in a sequence classifier {why}; {use} lora or ia3", peft)
+    if stage == "dpo" and cfg.method == "prompt_tuning" and t.method in ("orpo", "simpo", "cpo"):
+        return Refusal(f"{method} with dpo.method {t.method}: TRL's ORPO and CPO trainers pair the logits with the "
+                       "labels position by position, and prompt tuning's virtual tokens add positions (a size error "
+                       f"inside TRL); {use} prefix_tuning, lora or ia3, or set dpo.method to dpo or kto",
+                       frozenset({"peft", "method"}))  # fmt: skip
     if cfg.method == "adalora" and (t.max_steps <= 0 or cfg.tinit + cfg.tfinal >= t.max_steps):
         return Refusal(f"{method} schedules its rank budget over {stage}.max_steps: set it (> 0, now {t.max_steps}) "
                        f"above peft.tinit + peft.tfinal ({cfg.tinit} + {cfg.tfinal})", peft)  # fmt: skip
