@@ -1,5 +1,10 @@
 """peft adapter folders (``peft.merge: false``) as model folders: what makes one, the base it was trained on, its
-config, and loading it over that base (`llmpipe.models.load_model` calls :func:`load_adapter`)."""
+config, and loading it over that base (`llmpipe.models.load_model` calls :func:`load_adapter`).
+
+A stage trained on an adapter folder saves an adapter whose base is that folder (`llmpipe.train.adapters.wrap`), so
+``peft.merge: false`` in several stages in a row makes a chain: loading its last folder loads the root model, then
+every adapter in order, each merged before the next applies.
+"""
 
 from __future__ import annotations
 
@@ -41,6 +46,12 @@ def model_config(path: str | Path) -> dict[str, Any]:
     return model_config(adapter_base(path)) if is_adapter(path) else read_config(weights_dir(path) / "config.json")
 
 
+def _base_what(path: Path) -> str:
+    """The fix named when an adapter's base folder is missing or refused."""
+    return (f"it is the base model (base_model_name_or_path) of the adapter {path}: run from the folder the adapter "
+            f"was trained in (the path is relative to it), or set base_model_name_or_path in {path / ADAPTER_CONFIG}")
+
+
 def check_adapter(path: Path, what: str, trust_remote_code: bool) -> None:
     """`llmpipe.models.check_model_dir` for an adapter folder: its safetensors weights whole, then its base.
 
@@ -53,13 +64,14 @@ def check_adapter(path: Path, what: str, trust_remote_code: bool) -> None:
     weights = path / "adapter_model.safetensors"
     if problem := safetensors_problem(weights) if weights.exists() else "no such file":
         raise UserError(f"{weights}: damaged or missing adapter ({problem}); {what}")
-    check_model_dir(adapter_base(path), f"it is the base model of the adapter {path}", trust_remote_code)
+    check_model_dir(adapter_base(path), _base_what(path), trust_remote_code)
 
 
 def load_adapter(path: Path, what: str, num_labels: int | None, trust_remote_code: bool, **kwargs):
     """An adapter folder over its base model (itself loaded by `llmpipe.models.load_model`, so adapters chain),
     merged into the weights; a virtual-token adapter (prefix or prompt tuning) cannot merge and stays a
-    `peft.PeftModel`.
+    `peft.PeftModel`. The folder's ``generation_config.json``, where a stage wrote one (`llmpipe.saved_folder`: the
+    end-of-turn eos), replaces the base's.
 
     Raises:
         UserError: The folder or its base is refused by the safe loaders or missing.
@@ -69,7 +81,12 @@ def load_adapter(path: Path, what: str, num_labels: int | None, trust_remote_cod
     from llmpipe.models import check_model_dir, load_model
 
     check_model_dir(path, what, trust_remote_code)
-    base = load_model(adapter_base(path), f"it is the base model of the adapter {path}", num_labels,
-                      trust_remote_code, **kwargs)  # fmt: skip
+    base = load_model(adapter_base(path), _base_what(path), num_labels, trust_remote_code, **kwargs)
     model = PeftModel.from_pretrained(base, path)
-    return model if model.peft_config["default"].is_prompt_learning else model.merge_and_unload()
+    model = model if model.peft_config["default"].is_prompt_learning else model.merge_and_unload()
+    if (path / "generation_config.json").exists() and num_labels is None:
+        from transformers import GenerationConfig
+
+        target = model.get_base_model() if isinstance(model, PeftModel) else model
+        target.generation_config = GenerationConfig.from_pretrained(path)
+    return model

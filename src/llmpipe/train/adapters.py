@@ -18,7 +18,7 @@ from typing import Any
 from llmpipe.config import PeftParams
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir
-from llmpipe.models import save_model
+from llmpipe.saved_folder import finish
 
 log = logging.getLogger(__name__)
 
@@ -187,13 +187,15 @@ def adalora_callback():
     return AdaLoraSchedule()
 
 
-def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[[], Any] | None, state_dict=None) -> None:
+def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[[], Any] | None, state_dict=None,
+         chat: bool = False) -> None:  # fmt: skip
     """Write a trained model atomically; for an adapter, ``final`` = the merged full model with the adapter in
     ``final/adapter/`` (`merge`), or the adapter itself (``adapter_model.safetensors``, ``adapter_config.json``, the
-    tokenizer). Any other model (method none, bitfit) is saved whole (`llmpipe.models.save_model`).
+    tokenizer). Any other model (method none, bitfit) is saved whole. The folder is finished for the tools that load
+    it (`llmpipe.saved_folder.finish`: ``use_cache``, the plain chat template, a chat stage's end-of-turn eos).
 
     The adapter sits in a subfolder of a merged model because transformers loads a folder's top-level
-    ``adapter_config.json`` as an adapter over its ``base_model_name_or_path``, which would apply it twice.
+    ``adapter_config.json`` as an adapter over the folder's own weights, which would apply it twice.
 
     Args:
         model: The unwrapped model.
@@ -203,16 +205,18 @@ def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[[], Any
         load_base: Loads the stage's input model afresh, full precision: the merge is made on it, so the trained
             model (sharded, or 4-bit) is left as it is for the final evaluation.
         state_dict: The gathered state dict under sharding (FSDP, ZeRO-3); None reads the model's own.
+        chat: A chat stage (sft and after): the folder names the template's end-of-turn token as an eos.
     """
     from peft import PeftModel
 
-    if not is_peft_model(model):
-        return save_model(model, tokenizer, final, state_dict=state_dict)
     with atomic_dir(final) as tmp:
-        adapter_dir = tmp / "adapter" if merge else tmp
-        model.save_pretrained(adapter_dir, state_dict=state_dict, selected_adapters=[ADAPTER],
-                              save_embedding_layers=False, safe_serialization=True)  # fmt: skip
-        tokenizer.save_pretrained(tmp)
-        if merge:
-            merged = PeftModel.from_pretrained(load_base(), adapter_dir).merge_and_unload()
-            merged.save_pretrained(tmp, safe_serialization=True)
+        if not is_peft_model(model):
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+        else:
+            adapter_dir = tmp / "adapter" if merge else tmp
+            model.save_pretrained(adapter_dir, state_dict=state_dict, selected_adapters=[ADAPTER],
+                                  save_embedding_layers=False, safe_serialization=True)  # fmt: skip
+            if merge:
+                merged = PeftModel.from_pretrained(load_base(), adapter_dir).merge_and_unload()
+                merged.save_pretrained(tmp, safe_serialization=True)
+        finish(tmp, tokenizer, chat, str(final))
