@@ -152,6 +152,7 @@ def check_model_dir(path: str | Path, what: str, trust_remote_code: bool = False
         return check_adapter(path, what, trust_remote_code)
     if not config.exists():
         raise UserError(f"{path}: no model there; {what}")
+    check_not_adapter_twice(path)
     _refuse_auto_map(config, trust_remote_code)
     names = sorted(f.name for f in path.iterdir() if f.is_file())
     if any(n.endswith(".safetensors") for n in names):
@@ -167,6 +168,29 @@ def check_model_dir(path: str | Path, what: str, trust_remote_code: bool = False
             f"{path / pickles[0]}: weights only as a pickle ({', '.join(pickles)}), which can run code when loaded; "
             f"save the model with safetensors (save_pretrained(dir, safe_serialization=True)), or pass {TRUST_FLAG} "
             "only if you trust its source"
+        )
+
+
+def check_not_adapter_twice(path: Path) -> None:
+    """Refuse a folder holding a model's own weights and a top-level peft ``adapter_config.json``.
+
+    transformers loads such a folder's weights and then applies the adapter over them; when the weights are already
+    the merged model (what some tools write), the adapter is applied twice, silently. Loading the weights alone
+    instead would be as silent the other way, when the weights are the base the adapter was trained on. Which one the
+    folder means only its writer knows, so it is refused, naming both layouts llmpipe loads.
+
+    Raises:
+        UserError: The folder has both; names the folder and the two fixes.
+    """
+    from llmpipe.adapter_folders import ADAPTER_CONFIG
+
+    if (path / ADAPTER_CONFIG).exists():
+        raise UserError(
+            f"{path}: holds a model's weights (config.json) and a peft {ADAPTER_CONFIG} beside them, so loading it "
+            "would apply the adapter over those weights: twice, if they are the merged model. If the weights are merged, "
+            f"move {ADAPTER_CONFIG} and adapter_model.safetensors into {path / 'adapter'}/ (llmpipe's layout) or delete "
+            "them; if the folder is the adapter, keep only its adapter files and the tokenizer (its "
+            "base_model_name_or_path names the base)"
         )
 
 

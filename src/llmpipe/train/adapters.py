@@ -133,7 +133,6 @@ def wrap(model, cfg: PeftParams, stage: str, source: Path, task: str = "CAUSAL_L
     from transformers import set_seed
 
     set_seed(seed)
-    model.config._name_or_path = str(source)  # peft writes it as the adapter's base_model_name_or_path
     if cfg.load_in_4bit:
         model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     try:
@@ -141,6 +140,10 @@ def wrap(model, cfg: PeftParams, stage: str, source: Path, task: str = "CAUSAL_L
     except ValueError as err:
         raise UserError(f"{stage}.peft: peft refuses {cfg.method} on {type(model).__name__}: {err}; check "
                         f"{stage}.peft.target_modules (module names of the model, or all-linear)") from None  # fmt: skip
+    # The adapter's base is the stage's input folder, so an adapter over an unmerged adapter (peft.merge: false twice)
+    # loads over that chain (`llmpipe.adapter_folders`). peft would name the folder the weights were read from: for a
+    # chain, its root model, which would silently drop every adapter between.
+    wrapped.peft_config[ADAPTER].base_model_name_or_path = str(source)
     trainable, total = wrapped.get_nb_trainable_parameters()
     log.info("%s: %s adapter, %d trainable of %d parameters (%.3f%%)", stage, cfg.method, trainable, total,
              100 * trainable / total)  # fmt: skip
