@@ -48,8 +48,8 @@ def model_config(path: str | Path) -> dict[str, Any]:
 
 def _base_what(path: Path) -> str:
     """The fix named when an adapter's base folder is missing or refused."""
-    return (f"it is the base model (base_model_name_or_path) of the adapter {path}: run from the folder the adapter "
-            f"was trained in (the path is relative to it), or set base_model_name_or_path in {path / ADAPTER_CONFIG}")
+    return (f"it is the base model (base_model_name_or_path) of the adapter {path}: run from the folder its stage ran "
+            f"in (the path is relative to that folder), or set base_model_name_or_path in {path / ADAPTER_CONFIG}")
 
 
 def check_adapter(path: Path, what: str, trust_remote_code: bool) -> None:
