@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jinja2
 import pytest
 import torch
 from user_models import QWEN_TEMPLATE, chat_tokenizer, params_at, run_stages, save_user_model
@@ -85,6 +86,10 @@ def test_every_stage_after_sft_saves_the_end_of_turn_eos_and_the_plain_template(
         assert saved.eos_token == "<|im_end|>" and "generation %}" not in saved.chat_template, name
         assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == [eot, pipeline.eos_token_id]
         assert load_model(folder, "?").generation_config.eos_token_id == [eot, pipeline.eos_token_id], name
+    chat = [{"role": "user", "content": "Add 1 to x."}, {"role": "assistant", "content": "return x + 1"}]
+    template = (Path(params.paths.models, "sft") / "chat_template.jinja").read_text()
+    text = jinja2.Environment().from_string(template).render(messages=chat, add_generation_prompt=False)
+    assert text == pipeline.apply_chat_template(chat, tokenize=False), "plain Jinja2 renders what training rendered"
 
 
 def test_merged_weights_with_a_top_level_adapter_config_are_refused(tmp_path):
