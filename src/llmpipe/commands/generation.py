@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmpipe.adapter_folders import adapter_base, is_adapter
 from llmpipe.core.errors import UserError
 from llmpipe.models import load_model, load_tokenizer
+from llmpipe.models.folders import adapter_base, is_adapter
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def load_for_generation(path: str | Path, trust_remote_code: bool = False):
 
 def stop_ids(model, tokenizer) -> list[int]:
     """The ids that end an answer: the model's ``generation_config.eos_token_id`` (a list where a chat stage added
-    the end-of-turn token, `llmpipe.saved_folder`) and the tokenizer's eos."""
+    the end-of-turn token, `llmpipe.models.saved_folder`) and the tokenizer's eos."""
     own = getattr(model.generation_config, "eos_token_id", None)
     ids = [*(own if isinstance(own, list) else [own]), tokenizer.eos_token_id]
     return list(dict.fromkeys(i for i in ids if i is not None))

@@ -24,14 +24,15 @@ from llmpipe.train.guards import MaskedBatchGuard, check_no_signal, count_fully_
 log = logging.getLogger(__name__)
 
 
-def sft_config(params: Params, run_dir: Path, rendered_masks: bool = False):
-    """Our params → `trl.SFTConfig`, field by field; with `rendered_masks` the datasets carry their assistant masks
-    (:func:`tokenized`), so TRL's own ``assistant_only_loss`` (which needs markers) is off."""
+def sft_config(params: Params, run_dir: Path, name: str = "sft", rendered_masks: bool = False):
+    """Our params → `trl.SFTConfig`, field by field, from section `name` (a stage that reuses this one: its own);
+    with `rendered_masks` the datasets carry their assistant masks (:func:`tokenized`), so TRL's own
+    ``assistant_only_loss`` (which needs markers) is off."""
     from trl import SFTConfig
 
-    cfg = params.sft
+    cfg = params.stage(name)
     return SFTConfig(
-        **training_kwargs(params, "sft", run_dir),
+        **training_kwargs(params, name, run_dir),
         max_length=cfg.max_length,
         assistant_only_loss=cfg.assistant_only_loss and not rendered_masks,
         packing=cfg.packing,
@@ -62,7 +63,7 @@ class SFT(TrainerStage):
         return self.cfg.assistant_only_loss and not has_markers(self.tokenizer.chat_template)
 
     def config(self, run_dir: Path):
-        return sft_config(self.params, run_dir, self.rendered_masks)
+        return sft_config(self.params, run_dir, self.name, self.rendered_masks)
 
     def datasets(self):
         train = load_split(self.data / "train.jsonl", ("messages",), self.cfg.num_samples)
@@ -80,9 +81,10 @@ class SFT(TrainerStage):
             training, kind = name == "train", "training" if name == "train" else "validation"
             counts[key] = count_fully_truncated(split["messages"], self.tokenizer, cfg.max_length,
                                                 cfg.assistant_only_loss, str(self.data / f"{name}.jsonl"))  # fmt: skip
-            what = f"sft: {kind} samples with no completion token within sft.max_length={cfg.max_length}"
+            what = (f"{self.name}: {kind} samples with no completion token within "
+                    f"{self.name}.max_length={cfg.max_length}")
             log.info("%s: %d of %d", what, counts[key], len(split))
-            check_no_signal(counts[key], len(split), what, "raise sft.max_length", training)
+            check_no_signal(counts[key], len(split), what, f"raise {self.name}.max_length", training)
         return counts
 
     def inputs(self) -> list[Path]:
@@ -96,7 +98,7 @@ class SFT(TrainerStage):
 
         from llmpipe.train.losses import token_loss  # torch: imported when the stage runs, not with the module
 
-        loss = token_loss(self.cfg.loss, self.tokenizer, "sft.loss")
+        loss = token_loss(self.cfg.loss, self.tokenizer, f"{self.name}.loss")
         if self.rendered_masks:
             train, valid = tokenized(train, self.tokenizer), tokenized(valid, self.tokenizer)
         kwargs = {"model": model, "args": args, "train_dataset": train, "eval_dataset": valid,
@@ -109,7 +111,7 @@ class SFT(TrainerStage):
         else:
             trainer = SFTTrainer(**kwargs)
             trainer.compute_loss_func = None if self.cfg.loss.is_default else loss  # TRL's own loss when default
-        trainer.data_collator = MaskedBatchGuard(trainer.data_collator, "sft.max_length")
+        trainer.data_collator = MaskedBatchGuard(trainer.data_collator, f"{self.name}.max_length")
         return trainer
 
 

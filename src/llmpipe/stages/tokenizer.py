@@ -12,8 +12,8 @@ from llmpipe.config import Params
 from llmpipe.core.errors import UserError, root_cause
 from llmpipe.core.io import atomic_dir, read_jsonl
 from llmpipe.data.special import install, jinja_escape
-from llmpipe.model_source import checked_source, resolve
 from llmpipe.models import check_tokenizer_configs
+from llmpipe.models.source import checked_source, resolve
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def mark_generation(tok, key: str) -> None:
     (`trl.chat_template_utils.get_training_chat_template`), which render the same text. For another template
     the tokenizer is kept as it is: the sft stage then computes the assistant masks by rendering each conversation
     turn by turn (`llmpipe.data.chat_turns`). Either way the marked copy lives only here, where training reads it:
-    every model folder is saved with the plain template (`llmpipe.saved_folder`).
+    every model folder is saved with the plain template (`llmpipe.models.saved_folder`).
     """
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 

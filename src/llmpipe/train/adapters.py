@@ -18,7 +18,7 @@ from typing import Any
 from llmpipe.config import PeftParams
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir
-from llmpipe.saved_folder import finish
+from llmpipe.models.saved_folder import finish
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def wrap(model, cfg: PeftParams, stage: str, source: Path, task: str = "CAUSAL_L
         raise UserError(f"{stage}.peft: peft refuses {cfg.method} on {type(model).__name__}: {err}; check "
                         f"{stage}.peft.target_modules (module names of the model, or all-linear)") from None  # fmt: skip
     # The adapter's base is the stage's input folder, so an adapter over an unmerged adapter (peft.merge: false twice)
-    # loads over that chain (`llmpipe.adapter_folders`). peft would name the folder the weights were read from: for a
+    # loads over that chain (`llmpipe.models.folders`). peft would name the folder the weights were read from: for a
     # chain, its root model, which would silently drop every adapter between.
     wrapped.peft_config[ADAPTER].base_model_name_or_path = str(source)
     trainable, total = wrapped.get_nb_trainable_parameters()
@@ -190,12 +190,12 @@ def adalora_callback():
     return AdaLoraSchedule()
 
 
-def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[[], Any] | None, state_dict=None,
-         chat: bool = False) -> None:  # fmt: skip
+def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[..., Any] | None, state_dict=None,
+         chat: bool = False, quantized: bool = False):  # fmt: skip
     """Write a trained model atomically; for an adapter, ``final`` = the merged full model with the adapter in
     ``final/adapter/`` (`merge`), or the adapter itself (``adapter_model.safetensors``, ``adapter_config.json``, the
     tokenizer). Any other model (method none, bitfit) is saved whole. The folder is finished for the tools that load
-    it (`llmpipe.saved_folder.finish`: ``use_cache``, the plain chat template, a chat stage's end-of-turn eos).
+    it (`llmpipe.models.saved_folder.finish`: ``use_cache``, the plain chat template, a chat stage's end-of-turn eos).
 
     The adapter sits in a subfolder of a merged model because transformers loads a folder's top-level
     ``adapter_config.json`` as an adapter over the folder's own weights, which would apply it twice.
@@ -205,13 +205,19 @@ def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[[], Any
         tokenizer: Saved beside the model.
         final: ``models/<stage>``.
         merge: `peft.merge`.
-        load_base: Loads the stage's input model afresh, full precision: the merge is made on it, so the trained
-            model (sharded, or 4-bit) is left as it is for the final evaluation.
+        load_base: Loads the stage's input model afresh, full precision (keywords go to `from_pretrained`): the
+            merge is made on it, so the trained model (sharded, or 4-bit) is left as it is for the final evaluation.
         state_dict: The gathered state dict under sharding (FSDP, ZeRO-3); None reads the model's own.
         chat: A chat stage (sft and after): the folder names the template's end-of-turn token as an eos.
+        quantized: The trained base is 4-bit (QLoRA): the adapter is merged into the base reloaded in bf16, its
+            compute dtype, never into the 4-bit weights.
+
+    Returns:
+        The merged model as saved (`llmpipe.train.merge_check` scores it against the trained one), else None.
     """
     from peft import PeftModel
 
+    merged = None
     with atomic_dir(final) as tmp:
         if not is_peft_model(model):
             model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
@@ -220,6 +226,10 @@ def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[[], Any
             model.save_pretrained(adapter_dir, state_dict=state_dict, selected_adapters=[ADAPTER],
                                   save_embedding_layers=False, safe_serialization=True)  # fmt: skip
             if merge:
-                merged = PeftModel.from_pretrained(load_base(), adapter_dir).merge_and_unload()
+                import torch
+
+                base = load_base(dtype=torch.bfloat16) if quantized else load_base()
+                merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
                 merged.save_pretrained(tmp, safe_serialization=True)
         finish(tmp, tokenizer, chat, str(final))
+    return merged

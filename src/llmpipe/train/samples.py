@@ -17,6 +17,7 @@ from typing import Any
 
 from llmpipe.callbacks import Callback, RunInfo
 from llmpipe.core.io import write_jsonl
+from llmpipe.data.formats import prompt_turns
 from llmpipe.data.loading import load_split
 from llmpipe.train.progress import write
 from llmpipe.train.tensorboard import TensorBoardLog
@@ -38,8 +39,6 @@ class SamplePrompts:
 def held_out_turns(path: Path, count: int) -> list[list[dict[str, str]]]:
     """The prompt turns of the first `count` rows of a prepared split: ``messages`` up to the first user turn (SFT
     data) or ``prompt`` (preference data; a string is one user turn)."""
-    from llmpipe.rl.prompts import prompt_turns
-
     rows = load_split(path, (), count, optional=("messages", "prompt"))
     if "messages" in rows.column_names:
         return [prompt_turns(m) for m in rows["messages"]]
@@ -84,7 +83,7 @@ def function_name(text: str) -> str:
 def generation_config(tokenizer, max_new_tokens: int, generation=None):
     """A `transformers.GenerationConfig`: greedy for `max_new_tokens`, or sampled with a ``generation:`` block's
     settings (`llmpipe.config.rl.GenerationParams`) when given; it stops at the eos and at the chat template's
-    end-of-turn token (`llmpipe.data.chat_turns.end_of_turn`), as the saved folder will (`llmpipe.saved_folder`)."""
+    end-of-turn token (`llmpipe.data.chat_turns.end_of_turn`), as the saved folder will (`llmpipe.models.saved_folder`)."""
     from transformers import GenerationConfig
 
     from llmpipe.data.chat_turns import end_of_turn

@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from llmpipe.adapter_folders import is_adapter, model_config
 from llmpipe.core.errors import UserError
+from llmpipe.models.folders import is_adapter, model_config
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def check_same_tokenizer(model_dir: str | Path, tokenizer, tokenizer_dir: str | 
     ours = tokenizer_digest(tokenizer)
     differ = [k for k in ours if own[k] != ours[k]]
     if differ == ["special_tokens"]:  # a chat stage's folder names the end-of-turn token as its eos (saved_folder)
-        from llmpipe.saved_folder import saved_as, turn_eos
+        from llmpipe.models.saved_folder import saved_as, turn_eos
 
         if (eot := turn_eos(tokenizer)) is not None:
             with saved_as(tokenizer, eot):

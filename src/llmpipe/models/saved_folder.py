@@ -14,7 +14,7 @@ Every stage's folder is finished here inside its temporary folder, before the re
   first), ``config.json`` ``eos_token_id`` is the end of turn, and the tokenizer's ``eos_token`` too (unless the
   template writes ``eos_token`` itself, which the change would alter). Otherwise greedy generation runs to
   ``max_new_tokens`` after every answer. The pipeline tokenizer is not changed: pretraining still ends documents
-  with its eos, and `llmpipe.tokenizer_identity` counts the two as the same tokenizer.
+  with its eos, and `llmpipe.models.tokenizer_identity` counts the two as the same tokenizer.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def finish(folder: str | Path, tokenizer, chat: bool, what: str = "") -> None:
     Args:
         folder: The (temporary) model folder: a full model, a merged one with ``adapter/``, or an adapter alone
             (no ``config.json``: the loader applies its ``generation_config.json`` over the base's,
-            `llmpipe.adapter_folders.load_adapter`).
+            `llmpipe.models.loading.load_adapter`).
         tokenizer: The tokenizer or processor saved beside the model.
         chat: A chat stage (sft and after): name the end-of-turn token as an eos.
         what: The folder as the log line names it (``models/sft``).
