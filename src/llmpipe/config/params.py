@@ -126,6 +126,17 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
+    def _synced_reference_is_checkpointed(self) -> Params:
+        strategy = self.distributed.strategy
+        if self.grpo.sync_ref_model and strategy in ("fsdp", "deepspeed"):
+            raise ValueError(
+                f"grpo.sync_ref_model under distributed.strategy {strategy}: a synced reference is saved whole in "
+                "each checkpoint (resume needs it), which llmpipe does not do for a sharded one yet; use ddp or "
+                "none, or sync_ref_model: false"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _grpo_fits(self) -> Params:
         g, processes = self.grpo, self.distributed.world_size
         if processes is None:  # num_processes: auto; the launcher knows the world size, GRPOConfig checks it then

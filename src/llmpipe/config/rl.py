@@ -276,6 +276,13 @@ class GRPOParams(TrainParams):
         min_length=1,
         description="Built-in reward names or 'module:function' paths, and their weights; the reward is the weighted sum.",
     )
+    sync_ref_model: bool = Field(
+        False, description="Move the reference toward the policy every ref_model_sync_steps (TR-DPO; needs beta > 0)."
+    )
+    ref_model_mixup_alpha: float = Field(
+        0.6, ge=0, le=1, description="sync: each reference weight becomes alpha × policy + (1 - alpha) × reference."
+    )
+    ref_model_sync_steps: int = Field(50, gt=0, description="sync: optimizer steps between reference updates.")
     generation: GRPOGenerationParams = GRPOGenerationParams()
 
     @property
@@ -299,4 +306,28 @@ class GRPOParams(TrainParams):
             raise ValueError(
                 "grpo.loss_type luspo is a sequence-level loss: set grpo.importance_sampling_level to sequence"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _reference_sync_can_work(self) -> GRPOParams:
+        # Refused here what TRL's GRPOTrainer would refuse (beta 0: no reference; a peft adapter: the reference is
+        # the adapter-disabled policy, no model of its own to move) or silently ignore, before any work.
+        if not self.sync_ref_model:
+            changed = [k for k in ("ref_model_mixup_alpha", "ref_model_sync_steps")
+                       if getattr(self, k) != type(self).model_fields[k].default]  # fmt: skip
+            if changed:
+                raise ValueError(f"grpo.{changed[0]} applies only with grpo.sync_ref_model: true; set it or remove "
+                                 f"grpo.{changed[0]}")  # fmt: skip
+            return self
+        if self.beta == 0:
+            raise ValueError("grpo.sync_ref_model needs a reference, and grpo.beta 0 loads none: set beta > 0")
+        if self.peft.method not in ("none", "bitfit"):
+            raise ValueError(
+                f"grpo.sync_ref_model with grpo.peft.method {self.peft.method}: the reference is then the policy with "
+                "its adapter disabled, so there is no reference model to move (TRL's GRPOTrainer refuses it too); use "
+                "peft.method none or bitfit, or sync_ref_model: false"
+            )
+        if 0 < self.max_steps < self.ref_model_sync_steps:
+            raise ValueError(f"grpo.ref_model_sync_steps ({self.ref_model_sync_steps}) exceeds grpo.max_steps "
+                             f"({self.max_steps}), so the reference would never move; lower it")  # fmt: skip
         return self
