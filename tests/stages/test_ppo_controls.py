@@ -86,10 +86,8 @@ def test_rollout_logprobs_are_those_of_the_distribution_sampled_from(ppo_dir, tm
         tokens = out.sequences[:, prompt_len:]
         assert tokens.shape == mask.shape and torch.equal(tokens[mask], data["input_ids"][:, prompt_len:][mask]), case
 
-        def logprobs(steps: tuple) -> torch.Tensor:
-            return torch.stack(steps, 1).log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)[mask]
-
-        sampled, raw = logprobs(out.scores), logprobs(out.logits)
+        sampled, raw = (torch.stack(steps, 1).log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)[mask]
+                        for steps in (out.scores, out.logits))  # fmt: skip
         torch.testing.assert_close(data["logprobs"][mask], sampled, atol=1e-4, rtol=0, msg=case)
         if case != "max_new_tokens":
             assert (raw - sampled).abs().max() > 1e-3, f"{case} did not change the distribution: a weak case"
