@@ -126,7 +126,7 @@ def test_report_needs_every_models_evaluation(tmp_path):
     assert not (tmp_path / "reports").exists()
 
 
-def test_report_on_a_real_evaluation(tiny_root, cli_metrics):
+def test_report_on_a_real_evaluation(tiny_root, cli_metrics):  # noqa: F811 (fixtures imported above)
     """The report reads what the evaluate stage wrote (no checks apply to a lone model)."""
     _, params = make_params(tiny_root)
     assert report.run(params) == {"num_checks": 0, "num_checks_passed": 0}

@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from llmpipe.config.params import Params
+from llmpipe.config.stages import ADAPTER_TASKS, TRAINING_TASKS
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import decode_line
 
@@ -69,8 +70,6 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         ParamsError: A key is unknown, a value has the wrong type or range, or a cross-field rule fails.
             The message names each key path (e.g. ``sft.lrr``) and suggests the fix.
     """
-    from llmpipe.stages import ADAPTER_TASKS, TRAINING_TASKS  # the registry imports config sections: at call time
-
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

@@ -290,44 +290,76 @@ class GRPOParams(TrainParams):
         """`steps_per_generation`, or TRL's default for it: `gradient_accumulation_steps`."""
         return self.steps_per_generation or self.gradient_accumulation_steps
 
-    @model_validator(mode="after")
-    def _checkpoints_between_generations(self) -> GRPOParams:
-        steps_per_generation = self.resolved_steps_per_generation
-        cycle = steps_per_generation * self.num_iterations
-        if (self.save_steps * self.gradient_accumulation_steps) % cycle:
-            raise ValueError(
-                f"grpo.save_steps ({self.save_steps}) × grpo.gradient_accumulation_steps "
-                f"({self.gradient_accumulation_steps}) micro-steps must be a multiple of grpo.steps_per_generation "
-                f"({steps_per_generation}) × grpo.num_iterations ({self.num_iterations}) = {cycle}: GRPOTrainer "
-                "does not checkpoint its buffer of generated completions, so a checkpoint must fall between "
-                "generation rounds; change grpo.save_steps"
-            )
-        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
-            raise ValueError(
-                "grpo.loss_type luspo is a sequence-level loss: set grpo.importance_sampling_level to sequence"
-            )
-        return self
 
-    @model_validator(mode="after")
-    def _reference_sync_can_work(self) -> GRPOParams:
-        # Refused here what TRL's GRPOTrainer would refuse (beta 0: no reference; a peft adapter: the reference is
-        # the adapter-disabled policy, no model of its own to move) or silently ignore, before any work.
-        if not self.sync_ref_model:
-            changed = [k for k in ("ref_model_mixup_alpha", "ref_model_sync_steps")
-                       if getattr(self, k) != type(self).model_fields[k].default]  # fmt: skip
-            if changed:
-                raise ValueError(f"grpo.{changed[0]} applies only with grpo.sync_ref_model: true; set it or remove "
-                                 f"grpo.{changed[0]}")  # fmt: skip
-            return self
-        if self.beta == 0:
-            raise ValueError("grpo.sync_ref_model needs a reference, and grpo.beta 0 loads none: set beta > 0")
-        if self.peft.method not in ("none", "bitfit"):
-            raise ValueError(
-                f"grpo.sync_ref_model with grpo.peft.method {self.peft.method}: the reference is then the policy with "
-                "its adapter disabled, so there is no reference model to move (TRL's GRPOTrainer refuses it too); use "
-                "peft.method none or bitfit, or sync_ref_model: false"
-            )
-        if 0 < self.max_steps < self.ref_model_sync_steps:
-            raise ValueError(f"grpo.ref_model_sync_steps ({self.ref_model_sync_steps}) exceeds grpo.max_steps "
-                             f"({self.max_steps}), so the reference would never move; lower it")  # fmt: skip
-        return self
+# The rules of a grouped section take its name (`Params` calls them per registry stage with ``grouped``), so a
+# stage whose section subclasses GRPOParams is named in its own messages.
+def check_rounds(name: str, g: GRPOParams) -> None:
+    """Refuse a checkpoint inside a generation round, and a sequence-level loss on token-level ratios.
+
+    Raises:
+        ValueError: ``<name>.save_steps`` does not fall between generation rounds (GRPOTrainer does not checkpoint
+            its buffer of generated completions), or ``loss_type: luspo`` without sequence-level sampling.
+    """
+    steps_per_generation = g.resolved_steps_per_generation
+    cycle = steps_per_generation * g.num_iterations
+    if (g.save_steps * g.gradient_accumulation_steps) % cycle:
+        raise ValueError(
+            f"{name}.save_steps ({g.save_steps}) × {name}.gradient_accumulation_steps "
+            f"({g.gradient_accumulation_steps}) micro-steps must be a multiple of {name}.steps_per_generation "
+            f"({steps_per_generation}) × {name}.num_iterations ({g.num_iterations}) = {cycle}: GRPOTrainer "
+            "does not checkpoint its buffer of generated completions, so a checkpoint must fall between "
+            f"generation rounds; change {name}.save_steps"
+        )
+    if g.loss_type == "luspo" and g.importance_sampling_level != "sequence":
+        raise ValueError(
+            f"{name}.loss_type luspo is a sequence-level loss: set {name}.importance_sampling_level to sequence"
+        )
+
+
+def check_groups_fit(name: str, g: GRPOParams, processes: int) -> None:
+    """Refuse batches a group of ``num_generations`` completions does not fit, over `processes` ranks.
+
+    Raises:
+        ValueError: One generation round, or one evaluation batch, is not a multiple of ``<name>.num_generations``.
+    """
+    generation_batch = g.per_device_train_batch_size * processes * g.resolved_steps_per_generation
+    if generation_batch % g.num_generations:
+        raise ValueError(
+            f"{name}: one generation round holds {name}.per_device_train_batch_size "
+            f"({g.per_device_train_batch_size}) × world size ({processes}) × {name}.steps_per_generation (default: "
+            f"gradient_accumulation_steps) = {generation_batch} completions, not a multiple of "
+            f"{name}.num_generations ({g.num_generations}): every prompt's group must fit in one round"
+        )
+    if (g.per_device_eval_batch_size * processes) % g.num_generations:
+        raise ValueError(
+            f"{name}.per_device_eval_batch_size ({g.per_device_eval_batch_size}) × world size "
+            f"({processes}) must be a multiple of {name}.num_generations ({g.num_generations})"
+        )
+
+
+def check_reference_sync(name: str, g: GRPOParams) -> None:
+    """Refuse a reference sync TRL's GRPOTrainer would refuse (beta 0: no reference; a peft adapter: the reference is
+    the adapter-disabled policy, no model of its own to move) or silently ignore, before any work.
+
+    Raises:
+        ValueError: ``<name>.ref_model_*`` set without ``sync_ref_model``, or a sync with beta 0, an adapter, or
+            sync steps past ``max_steps``.
+    """
+    if not g.sync_ref_model:
+        changed = [k for k in ("ref_model_mixup_alpha", "ref_model_sync_steps")
+                   if getattr(g, k) != type(g).model_fields[k].default]  # fmt: skip
+        if changed:
+            raise ValueError(f"{name}.{changed[0]} applies only with {name}.sync_ref_model: true; set it or remove "
+                             f"{name}.{changed[0]}")  # fmt: skip
+        return
+    if g.beta == 0:
+        raise ValueError(f"{name}.sync_ref_model needs a reference, and {name}.beta 0 loads none: set beta > 0")
+    if g.peft.method not in ("none", "bitfit"):
+        raise ValueError(
+            f"{name}.sync_ref_model with {name}.peft.method {g.peft.method}: the reference is then the policy with "
+            "its adapter disabled, so there is no reference model to move (TRL's GRPOTrainer refuses it too); use "
+            "peft.method none or bitfit, or sync_ref_model: false"
+        )
+    if 0 < g.max_steps < g.ref_model_sync_steps:
+        raise ValueError(f"{name}.ref_model_sync_steps ({g.ref_model_sync_steps}) exceeds {name}.max_steps "
+                         f"({g.max_steps}), so the reference would never move; lower it")  # fmt: skip

@@ -9,10 +9,12 @@ its training stages.
 4. The reward model ranks held-out pairs right at least :data:`REWARD_MIN_ACCURACY` of the time, overall (by
    :data:`MIN_MARGIN_SE` binomial standard errors over ``num_pairs``) and for each corruption type
    (``metrics/reward.json``).
-5. PPO and GRPO raise the reward: the mean reward over the last 10% of steps exceeds the first 10%'s by at
-   least :data:`MIN_MARGIN_SE` standard errors (of the difference) (``metrics/{ppo,grpo}.json``).
-6. GRPO writes better code: ``grpo``'s generation score is at least :data:`GRPO_MIN_SCORE_GAIN` above ``sft``'s
-   (``llmpipe_generation.score``), and by at least :data:`MIN_MARGIN_SE` standard errors of the difference.
+5. Every RL stage (the registry's ``rl``: ppo, grpo) raises the reward: the mean reward over the last 10% of steps
+   exceeds the first 10%'s by at least :data:`MIN_MARGIN_SE` standard errors (of the difference)
+   (``metrics/<stage>.json``).
+6. Every RL stage on verifiable rewards (the registry's ``verifiable``: grpo) writes better code: its generation
+   score is at least :data:`RL_MIN_SCORE_GAIN` above ``sft``'s (``llmpipe_generation.score``), and by at least
+   :data:`MIN_MARGIN_SE` standard errors of the difference.
 
 Wherever lm-eval or the stage gives a standard error, a check passes only by a margin of :data:`MIN_MARGIN_SE` of
 them (lm-eval gives none for bits per byte: checks 1 and 2 compare the figures as they are).
@@ -28,6 +30,8 @@ why; a GRPO run whose groups never differed in reward (no gradient at all) fails
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from llmpipe.config.stages import RL_TASKS, VERIFIABLE_TASKS
 
 Metrics = dict[str, dict[str, float]]
 """Evaluation metrics per model: ``{model: {"<task>.<metric>": value}}``."""
@@ -49,8 +53,8 @@ RL_MIN_DISTINCT = 0.5
 """Smallest share of distinct generated bodies (``llmpipe_generation.distinct``) of an RL stage that is not
 flagged."""
 
-GRPO_MIN_SCORE_GAIN = 0.05
-"""Smallest gain of ``llmpipe_generation.score`` from sft to grpo (check 6): 5 points."""
+RL_MIN_SCORE_GAIN = 0.05
+"""Smallest gain of ``llmpipe_generation.score`` from sft to an RL stage on verifiable rewards (check 6): 5 points."""
 
 
 @dataclass(frozen=True)
@@ -179,7 +183,7 @@ def reward_accuracy(stages: Metrics) -> Check:
 
 
 def rl_reward_gain(stages: Metrics, stage: str) -> Check:
-    """Check 5 for `stage` (ppo or grpo); its value is the gain in standard errors of the difference."""
+    """Check 5 for RL `stage`; its value is the gain in standard errors of the difference."""
     claim = (f"{stage} raises the reward: the mean over the last 10% of steps exceeds the first 10%'s by at least "
              f"{MIN_MARGIN_SE:g} standard errors (metrics/{stage}.json)")
     metric = f"check_{stage}_reward_gain_se"
@@ -205,23 +209,23 @@ def rl_reward_gain(stages: Metrics, stage: str) -> Check:
     return Check(claim, metric, gain, gain >= MIN_MARGIN_SE, detail)
 
 
-def grpo_vs_sft(evals: Metrics) -> Check:
-    """Check 6; its value is grpo − sft of ``llmpipe_generation.score``."""
-    claim = (f"grpo's generated bodies parse and define the function at least {GRPO_MIN_SCORE_GAIN * 100:g} points "
+def generation_gain(evals: Metrics, stage: str) -> Check:
+    """Check 6 for RL `stage` on verifiable rewards; its value is `stage` − sft of ``llmpipe_generation.score``."""
+    claim = (f"{stage}'s generated bodies parse and define the function at least {RL_MIN_SCORE_GAIN * 100:g} points "
              f"and {MIN_MARGIN_SE:g} standard errors more often than sft's (llmpipe_generation.score)")
-    metric = "check_grpo_generation_score_delta"
-    pair = _pair(evals, "llmpipe_generation.score", "grpo", "sft")
+    metric = f"check_{stage}_generation_score_delta"
+    pair = _pair(evals, "llmpipe_generation.score", stage, "sft")
     if isinstance(pair, str):
         return _skipped(claim, metric, pair)
     ours, ref = pair
-    se = _stderr_of_difference(evals, "llmpipe_generation.score", "grpo", "sft")
+    se = _stderr_of_difference(evals, "llmpipe_generation.score", stage, "sft")
     significant, noise = beyond_noise(ours - ref, se)
-    detail = f"sft {ref:.3f} → grpo {ours:.3f} ({ours - ref:+.3f}{noise})"
+    detail = f"sft {ref:.3f} → {stage} {ours:.3f} ({ours - ref:+.3f}{noise})"
     for key, label in (("trivial", "trivial bodies"), ("distinct", "distinct bodies")):  # reward-hacking signs
-        shares = _pair(evals, f"llmpipe_generation.{key}", "grpo", "sft")
+        shares = _pair(evals, f"llmpipe_generation.{key}", stage, "sft")
         if not isinstance(shares, str):
-            detail += f"; {label}: sft {shares[1]:.3f} → grpo {shares[0]:.3f}"
-    return Check(claim, metric, ours - ref, significant and ours - ref >= GRPO_MIN_SCORE_GAIN - 1e-9, detail)
+            detail += f"; {label}: sft {shares[1]:.3f} → {stage} {shares[0]:.3f}"
+    return Check(claim, metric, ours - ref, significant and ours - ref >= RL_MIN_SCORE_GAIN - 1e-9, detail)
 
 
 def run_checks(evals: Metrics, stages: Metrics) -> list[Check]:
@@ -236,9 +240,8 @@ def run_checks(evals: Metrics, stages: Metrics) -> list[Check]:
         sft_vs_pretrain(evals),
         dpo_vs_sft(evals),
         reward_accuracy(stages),
-        rl_reward_gain(stages, "ppo"),
-        rl_reward_gain(stages, "grpo"),
-        grpo_vs_sft(evals),
+        *(rl_reward_gain(stages, stage) for stage in RL_TASKS),
+        *(generation_gain(evals, stage) for stage in VERIFIABLE_TASKS),
     ]
 
 

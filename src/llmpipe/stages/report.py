@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import Params
+from llmpipe.config.stages import METRICS_STAGES, REGISTRY, RL_TASKS, TRAINING_TASKS, resolve_template
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir, atomic_file, write_json
 from llmpipe.evaluation.checks import Check, Metrics, run_checks, run_costs
 from llmpipe.report import card, figures, page, provenance, tables, vlm
 from llmpipe.report.headline import headline
-from llmpipe.stages import METRICS_STAGES, REGISTRY, TRAINING_TASKS, resolve_template
 
-RL_KL_UNITS = {name: s.kl_unit for name, s in REGISTRY.items() if s.kl_unit}
+RL_KL_UNITS = {name: REGISTRY[name].kl_unit for name in RL_TASKS}
 """The RL stages and the unit of their ``kl_final`` (registry): our PPO sums the per-token KL over a response (the
 penalty it pays); TRL's GRPO logs the mean per token."""
 
@@ -70,7 +70,7 @@ def input_models(params: Params) -> dict[str, str]:
         found = [Path(resolve_template(t, params)) for t in REGISTRY[stage].inputs if t.startswith("${paths.models}/")]
         if found:  # the first: ppo also reads models/reward, which is not where it starts
             sources[stage] = found[0].name
-    return {stage: source for stage, source in sources.items() if stage != "reward"}  # reward: not a causal LM
+    return {stage: source for stage, source in sources.items() if REGISTRY[stage].causal_lm}  # not the reward model
 
 
 def render(params: Params, evals: Metrics, stage_metrics: dict[str, dict[str, Any]], checks: list[Check],
@@ -131,7 +131,7 @@ def run(params: Params) -> dict[str, float]:
         fh.write(text)
     with atomic_file(reports / "report.html") as fh:
         fh.write(page.render(text, reports, "llmpipe report"))
-    # nested under "headline": `dvc exp show` then names its columns headline.<key> (README, "Compare runs")
+    # nested under "headline": `dvc exp show` then names its columns headline.<key> (docs/experiments.md, "Compare runs")
     write_json(params.paths.out(params.paths.metrics, "headline.json"),
                {"headline": headline(evals, stage_metrics, checks, costs)})
     done = [c for c in checks if c.passed is not None]
