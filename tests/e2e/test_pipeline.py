@@ -103,10 +103,13 @@ def test_exp_run_preference_method_reruns_only_dpo_and_after(repo, env):
     assert "kto" in shown and "beta0.2" in shown, "dvc exp show compares the methods"
 
 
-def test_exp_run_kl_coef_reruns_only_ppo_and_after(repo, env):
-    out = sh(repo, env, "dvc", "exp", "run", "-n", "kl0.1", "-S", "ppo.kl_coef=0.1")
+def test_exp_run_kl_target_reruns_only_ppo_and_after(repo, env):
+    out = sh(repo, env, "dvc", "exp", "run", "-n", "kl-adaptive", "-S", "ppo.kl_ctrl=adaptive",
+             "-S", "ppo.kl_target=2.0")  # fmt: skip
     assert stages_run(out) == {"ppo", "evaluate@ppo", "report"}
     assert "resuming from" not in out
+    kl_coef = yaml.safe_load((repo / "params.yaml").read_text())["ppo"]["kl_coef"]
+    assert json.loads((repo / "metrics" / "ppo.json").read_text())["kl_coef_final"] != kl_coef, "it adapted"
 
 
 def test_no_checkpoint_in_git_or_experiment_refs(repo, env):

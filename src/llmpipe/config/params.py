@@ -8,7 +8,7 @@ from llmpipe.config.data import DataParams, TokenizerParams
 from llmpipe.config.distributed import DistributedParams
 from llmpipe.config.optim import check_optim_keys
 from llmpipe.config.paths import PathsParams
-from llmpipe.config.rl import GRPOParams, PPOParams, check_groups_fit, check_rounds
+from llmpipe.config.rl import GRPOParams, PPOParams, check_groups_fit, check_reference_sync, check_rounds
 from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams, ReportParams
 from llmpipe.config.section import Section
 from llmpipe.config.stages import ADAPTER_TASKS, GROUPED_TASKS, TRAINING_TASKS
@@ -53,6 +53,7 @@ class Params(Section):
         # First, as when the rules were the section's own; here so that each grouped section is named as itself.
         for name in GROUPED_TASKS:
             check_rounds(name, self.stage(name))
+            check_reference_sync(name, self.stage(name))
         return self
 
     @model_validator(mode="after")
@@ -125,6 +126,18 @@ class Params(Section):
                 "data.streaming is true, and a stream has no length: set pretrain.max_steps, or "
                 "pretrain.steps_per_epoch (with pretrain.num_train_epochs)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _synced_reference_is_checkpointed(self) -> Params:
+        strategy = self.distributed.strategy
+        for name in GROUPED_TASKS:
+            if self.stage(name).sync_ref_model and strategy in ("fsdp", "deepspeed"):
+                raise ValueError(
+                    f"{name}.sync_ref_model under distributed.strategy {strategy}: a synced reference is saved whole "
+                    "in each checkpoint (resume needs it), which llmpipe does not do for a sharded one yet; use ddp "
+                    "or none, or sync_ref_model: false"
+                )
         return self
 
     @model_validator(mode="after")

@@ -55,6 +55,9 @@ def grpo_config(params: Params, run_dir: Path, name: str = "grpo"):
         num_iterations=cfg.num_iterations,
         steps_per_generation=cfg.steps_per_generation,
         mask_truncated_completions=cfg.mask_truncated_completions,
+        sync_ref_model=cfg.sync_ref_model,
+        ref_model_mixup_alpha=cfg.ref_model_mixup_alpha,
+        ref_model_sync_steps=cfg.ref_model_sync_steps,
         reward_weights=[spec.weight for spec in cfg.rewards],
         max_completion_length=gen.max_new_tokens,
         temperature=gen.temperature,
@@ -158,8 +161,13 @@ class GRPO(TrainerStage):
         from trl import GRPOTrainer
 
         reward_funcs, _ = trl_reward_functions(self.cfg.rewards)  # weights reach TRL through grpo_config
-        return GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train, eval_dataset=valid,
-                           processing_class=self.tokenizer, callbacks=callbacks)  # fmt: skip
+        trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
+                              eval_dataset=valid, processing_class=self.tokenizer, callbacks=callbacks)  # fmt: skip
+        if self.cfg.sync_ref_model:
+            from llmpipe.rl.reference import checkpoint_reference
+
+            checkpoint_reference(trainer)  # TRL syncs it; its checkpoints would not hold it
+        return trainer
 
     def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
         """:func:`rl_metrics` and ``eval_reward``; warns when most groups gave no gradient."""
