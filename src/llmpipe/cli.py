@@ -199,7 +199,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     metrics = dict(run(params, **kwargs))
     metrics["wall_time_s"] = round(time.perf_counter() - start, 3)
     if is_main_process():
+        from llmpipe.config.identity import IDENTITY_KEY, run_identity
+
         path = metrics_path(params, task, args.model)
+        metrics[IDENTITY_KEY] = run_identity(params, task, args.model)  # the report leaves out files of other runs
         write_json(path, metrics)
         log.info("%s done in %.1f s; metrics in %s", task, metrics["wall_time_s"], path)
     finish()  # every rank of a multi-process run leaves together

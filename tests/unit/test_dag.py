@@ -54,6 +54,15 @@ def test_data_deps_are_the_registry_inputs(task):
     )
 
 
+@pytest.mark.parametrize("task", stages.DVC_STAGES)
+def test_params_are_the_registry_params(task):
+    """The sections a metrics file's run identity hashes (llmpipe.config.identity) are those DVC reruns it on."""
+    listed = dvc_stages()[task]["params"]
+    assert listed == ["paths", *stages.REGISTRY[task].params], (
+        f"dvc.yaml stage {task} lists params {listed}, the registry (llmpipe/stages/__init__.py) says paths and "
+        f"{list(stages.REGISTRY[task].params)}: make them the same")
+
+
 def test_report_reads_every_stage_metrics_file():
     deps = [d for d in dvc_stages()["report"]["deps"] if not d.startswith("src/")]
     expected = ["${paths.metrics}/eval", *(f"${{paths.metrics}}/{s}.json" for s in stages.METRICS_STAGES)]

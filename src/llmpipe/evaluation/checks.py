@@ -21,8 +21,9 @@ Beside the claims, :func:`run_costs` flags what post-training cost: each post-tr
 byte against its input model's (the "alignment tax", flagged above :data:`ALIGNMENT_TAX_MAX_RISE`) and the RL
 stages' share of distinct generated bodies (flagged below :data:`RL_MIN_DISTINCT`: one body written for every
 prompt is reward hacking, not learning).
-A check whose models are not evaluated (not in ``eval.models``) or whose metric is missing is skipped, saying
-why; a GRPO run whose groups never differed in reward (no gradient at all) fails check 5.
+A check whose models are not evaluated for the current params (not in ``eval.models``, or their metrics are of
+another run: :mod:`llmpipe.report.current`) or whose metric is missing is skipped, saying why; a GRPO run whose
+groups never differed in reward (no gradient at all) fails check 5.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ class Check:
 def _pair(evals: Metrics, key: str, model: str, ref: str) -> tuple[float, float] | str:
     """``(evals[model][key], evals[ref][key])``, or the reason the check must be skipped."""
     missing = [m for m in (model, ref) if m not in evals]
-    if missing:
-        return f"skipped: {' and '.join(missing)} not in eval.models"
+    if missing:  # not in eval.models, or its evaluation is of other params or inputs (llmpipe.report.current)
+        return (f"skipped: no evaluation of {' and '.join(missing)} for these params (in eval.models? dvc repro "
+                f"{' '.join(f'evaluate@{m}' for m in missing)})")
     absent = [m for m in (model, ref) if key not in evals[m]]
     if absent:
         return f"skipped: no {key} for {' and '.join(absent)} (is the task in eval.tasks, with data?)"
@@ -165,7 +167,8 @@ def reward_accuracy(stages: Metrics) -> Check:
     metric = "check_reward_min_accuracy"
     m = stages.get("reward")
     if m is None or "accuracy" not in m:
-        return _skipped(claim, metric, "skipped: no metrics/reward.json with an accuracy (run the reward stage)")
+        return _skipped(claim, metric, "skipped: no metrics/reward.json of these params with an accuracy (run the "
+                        "reward stage)")
     values = {k: v for k, v in m.items() if k == "accuracy" or (k.startswith("accuracy_") and not k.endswith("_se"))}
     worst = min(values.values())
     detail = ", ".join(f"{k.removeprefix('accuracy_') if k != 'accuracy' else 'overall'} {v:.3f}"
@@ -186,7 +189,7 @@ def rl_reward_gain(stages: Metrics, stage: str) -> Check:
     m = stages.get(stage)
     keys = ("reward_first", "reward_first_se", "reward_last", "reward_last_se")
     if m is None:
-        return _skipped(claim, metric, f"skipped: no metrics/{stage}.json (run the {stage} stage)")
+        return _skipped(claim, metric, f"skipped: no metrics/{stage}.json of these params (run the {stage} stage)")
     if m.get("frac_zero_std_groups", 0.0) >= 1.0:  # GRPO's advantages are all 0: loss and gradient 0 on every step
         return Check(claim, metric, 0.0, False, f"{stage} ran, but every group's rewards were equal on every step "
                      "(frac_zero_std_groups 1.0): no advantage, no gradient, the policy never moved; use rewards "

@@ -29,6 +29,23 @@ SAMPLE_CHARS = 240
 """Characters of a completion shown in the side-by-side table."""
 
 
+NOT_RUN = "**not run for these params**"
+"""What the card says in place of the results of a stage whose metrics are of another run, or missing."""
+
+
+def not_run_section(not_run: dict[str, str]) -> list[str]:
+    """The stages and evaluations whose metrics are not of the current params and inputs
+    (:mod:`llmpipe.report.current`), first on the card so that no reader takes another run's numbers for these."""
+    if not not_run:
+        return []
+    warning = (f"**{len(not_run)} stages and evaluations did not run for the current params and inputs. This card "
+               "shows none of their results**: their checks are skipped, their rows, figures and samples left out, "
+               "and `metrics/headline.json` omits them. Run them (`dvc repro <stage>`, `dvc repro "
+               "evaluate@<model>`) to include them.")
+    return ["## ⚠ Not run for these params", "", warning, "", *(f"- **{name}**: {why}" for name, why in not_run.items()),
+            ""]
+
+
 def checks_section(checks: list[Check], costs: list[Check]) -> list[str]:
     lines = ["## Checks", ""]
     lines += [f"- {MARKS[c.passed]} {c.claim}: {c.detail}" for c in checks]
@@ -71,10 +88,13 @@ def stage_rows(stage_metrics: dict[str, dict[str, Any]], logs_dir: Path) -> list
     return rows
 
 
-def stages_section(stage_metrics: dict[str, dict[str, Any]], logs_dir: Path) -> list[str]:
+def stages_section(stage_metrics: dict[str, dict[str, Any]], logs_dir: Path, not_run: list[str]) -> list[str]:
+    """The training stages' table: a row of figures per stage that ran for these params, a row saying
+    :data:`NOT_RUN` for each training stage in `not_run`."""
     rows = stage_rows(stage_metrics, logs_dir)
-    if not rows:
+    if not rows and not not_run:
         return []
+    rows += [[stage, NOT_RUN, *(["–"] * 8)] for stage in not_run]
     header = ["stage", "wall time (s)", "steps", "tokens", "tokens/s", "MFU", "peak memory (GB)", "last train loss",
               "final validation", "best validation"]
     note = ("Tokens: input tokens the trainer counted (`num_input_tokens_seen`); MFU only on a GPU whose peak is "

@@ -28,6 +28,11 @@ from llmpipe.config.vlm import VLMParams
 
 Kind = Literal["data", "training", "evaluation", "report", "hand"]
 
+PRETRAIN_DATA_KEYS = tuple(f"data.{k}" for k in ("source", "streaming", "hf", "mixture", "validation_source", "stream",
+                                                 "seed", "validation_fraction", "test_fraction",
+                                                 "max_chars_per_document"))
+"""What a stream reads (``data.streaming``); the rest of `data` reaches pretrain through data/tokens."""
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -47,6 +52,8 @@ class Stage:
         loads_models: Whether it loads model or tokenizer folders (``--trust-remote-code`` applies).
         kl_unit: For an RL stage, the unit of its ``kl_final`` metric (the report prints it).
         adapters: Whether the stage's section inherits ``train.peft`` (a fine-tuning stage: adapters apply).
+        params: The params sections (or dotted keys) it reads besides ``paths``, as dvc.yaml lists them; its
+            metrics' run identity hashes them (`llmpipe.config.identity`).
     """
 
     name: str
@@ -60,24 +67,27 @@ class Stage:
     loads_models: bool = True
     kl_unit: str | None = None
     adapters: bool = False
+    params: tuple[str, ...] = ()
 
 
 def _training(name: str, section: type[Section], description: str, *inputs: str, **traits: Any) -> Stage:
     traits.setdefault("adapters", True)
+    traits.setdefault("params", ("model.attn_implementation", "train", name, "distributed", "profile"))
     return Stage(name, "training", description, section, inputs, f"${{paths.models}}/{name}", **traits)
 
 
 REGISTRY: dict[str, Stage] = {s.name: s for s in (
     Stage("prepare", "data", "Build train/validation/test datasets (pretraining text, SFT pairs, preference pairs, "
-          "eval sets).", loads_models=False),
+          "eval sets).", loads_models=False, params=("data",)),
     Stage("tokenizer", "data", "Train a byte-level BPE tokenizer on the pretraining split (or load one).",
-          inputs=("${paths.data}/pretrain",)),
+          inputs=("${paths.data}/pretrain",), params=("tokenizer", "model.init_from", "model.revision")),
     Stage("tokenize", "data", "Tokenise the pretraining splits once into memory-mappable token files "
           "(data/tokens/<split>/).", inputs=("${paths.data}/pretrain", "${paths.tokenizer}")),
     Stage("baseline", "data", "Save an untrained (random-init) model of the configured shape: the evaluation "
-          "baseline.", inputs=("${paths.tokenizer}",)),
+          "baseline.", inputs=("${paths.tokenizer}",), params=("model",)),
     _training("pretrain", PretrainParams, "Causal-LM pretraining of a Llama model on packed token blocks.",
-              "${paths.data}/tokens/train", "${paths.data}/tokens/validation", "${paths.tokenizer}", adapters=False),
+              "${paths.data}/tokens/train", "${paths.data}/tokens/validation", "${paths.tokenizer}", adapters=False,
+              params=("model", "train", "pretrain", "distributed", "profile", *PRETRAIN_DATA_KEYS)),
     _training("sft", SFTParams, "Supervised fine-tuning on chat pairs (TRL SFTTrainer), loss on assistant turns.",
               "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/pretrain"),
     _training("dpo", DPOParams, "Preference tuning from the SFT model by dpo.method: DPO, KTO, ORPO, SimPO or CPO (TRL).",
@@ -96,9 +106,12 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
               "questions; held-out accuracy by question type.", "${paths.data}/vlm", "${paths.tokenizer}",
               "${paths.models}/sft", one_process="not yet tried under several processes", adapters=False),
     Stage("evaluate", "evaluation", "lm-evaluation-harness on one model (--model NAME).",
-          inputs=("${paths.data}/eval", "${paths.models}/${item.model}")),
+          inputs=("${paths.data}/eval", "${paths.models}/${item.model}"),
+          params=("model.attn_implementation", *(f"eval.{k}" for k in ("tasks", "task_options", "limit", "batch_size",
+                                                                      "max_length", "max_new_tokens")))),
     Stage("report", "report", "The report card reports/report.{md,html}: checks, costs, results across stages, "
-          "figures, per-stage statistics, provenance; metrics/headline.json.", loads_models=False),
+          "figures, per-stage statistics, provenance; metrics/headline.json.", loads_models=False,
+          params=("eval.models", "eval.tasks", "eval.limit", "ppo.policy", "grpo.policy", "report")),
     Stage("regression", "hand", "Hardware smoke test: an MLP on y = Xw + noise with plain Accelerate; ranks must "
           "agree (hand run).", loads_models=False),
 )}
