@@ -191,3 +191,30 @@ def test_report_uses_only_metrics_of_the_current_params_and_inputs(tmp_path):
     headline = json.loads((metrics_dir / "headline.json").read_text())["headline"]
     assert "ppo_reward" not in headline and "reward_acc" not in headline and "vlm_acc" not in headline
     assert headline["not_run"] == metrics["num_not_run"] == 10
+
+
+def test_report_on_users_data_speaks_of_their_data(tmp_path):
+    """data.source other than stdlib: no check or task description of Python functions; check 6 waits for tasks
+    with tests; the greedy answers of every model stand side by side."""
+    evals = {m: model_metrics(2.1, 1.0, 1.4, 0.55, 60.0) for m in ("baseline", "pretrain", "sft", "dpo", "grpo")}
+    for m in evals.values():
+        m |= {"llmpipe_answers.exact": 0.1, "llmpipe_answers.distinct": 0.3}
+    write_metrics(tmp_path, evals)
+    for model in evals:
+        answers = tmp_path / "logs" / "evaluate" / model / "answers.jsonl"
+        answers.parent.mkdir(parents=True)
+        answers.write_text("".join(json.dumps({"task": "llmpipe_answers", "prompt": f"Q{i}?", "answer": f"{model}-{i}"})
+                                   + "\n" for i in range(4)))
+    raw, _ = make_params(tmp_path, models=list(evals))
+    params = parse_params({**raw, "data": {"source": "hf", "hf": {"dataset_name": "my/texts"}}})
+    stamp(params)
+    report.run(params)
+    text = (tmp_path / "reports" / "report.md").read_text()
+    for stdlib_words in ("real body", "corrupt", "held-out code", "held-out module", "bodies", "llmpipe_generation",
+                         "llmpipe_signature_mc", "function"):
+        assert stdlib_words not in text, stdlib_words
+    assert "dpo prefers the chosen response of held-out pairs more often than sft" in text
+    assert "grpo writes distinct answers for at least 50% of the prompts (llmpipe_answers.distinct)" in text
+    assert "skipped: no llmpipe_tasks.tests_pass" in text
+    answers = text.split("## Greedy answers")[1].split("\n## ")[0]
+    assert answers.count("### Prompt ") == 3 and "| grpo | grpo-2 |" in answers

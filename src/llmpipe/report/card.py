@@ -102,7 +102,7 @@ def stages_section(stage_metrics: dict[str, dict[str, Any]], logs_dir: Path, not
     return ["## Training stages", "", note, "", *table(header, rows), ""]
 
 
-def rl_section(stage_metrics: dict[str, dict[str, Any]], kl_units: dict[str, str]) -> list[str]:
+def rl_section(stage_metrics: dict[str, dict[str, Any]], kl_units: dict[str, str], stdlib: bool = True) -> list[str]:
     """The RL stages' drift from where they started: reward, KL to the reference, response length."""
     header = ["stage", "reward first 10%", "reward last 10%", "KL to reference (end)", "response tokens first → last"]
     rows = []
@@ -121,7 +121,10 @@ def rl_section(stage_metrics: dict[str, dict[str, Any]], kl_units: dict[str, str
         return []
     note = ("Reward hacking shows as reward up while the generation task's score stays flat, the share of trivial "
             "bodies (llmpipe_generation.trivial) rises, the share of distinct bodies (llmpipe_generation.distinct) "
-            "falls (one body written for every prompt), or responses shrink or grow far from where they started.")
+            "falls (one body written for every prompt), or responses shrink or grow far from where they started."
+            if stdlib else "Reward hacking shows as reward up while the held-out answers do not get better (Greedy "
+            "answers, below), the share of distinct answers (llmpipe_answers.distinct) falls (one answer written for "
+            "every prompt), or responses shrink or grow far from where they started.")
     return ["## RL stages", "", *table(header, rows), "", note, ""]
 
 
@@ -143,6 +146,16 @@ def _cell(text: str) -> str:
     return html.escape(clipped, quote=False).replace("|", "\\|").replace("\n", "<br>") or "(empty)"
 
 
+def _side_by_side(found: dict[str, dict[str, str]], who: str, what: str) -> list[str]:
+    """The first :data:`NUM_SAMPLE_PROMPTS` prompts of the first entry of `found` (``{row label: {prompt:
+    answer}}``), each with every entry's answer in a table of columns `who` and `what`."""
+    lines = []
+    for i, prompt in enumerate(list(next(iter(found.values())))[:NUM_SAMPLE_PROMPTS], 1):
+        rows = [[label, _cell(answers[prompt]) if prompt in answers else "–"] for label, answers in found.items()]
+        lines += [f"### Prompt {i}", "", "```", prompt.strip(), "```", "", *table([who, what], rows), ""]
+    return lines
+
+
 def samples_section(stages: tuple[str, ...], logs_dir: Path) -> list[str]:
     """A few fixed prompts answered by every stage that logged samples (``logs/<stage>/samples.jsonl``, its last
     step), side by side."""
@@ -150,12 +163,23 @@ def samples_section(stages: tuple[str, ...], logs_dir: Path) -> list[str]:
     lines = ["## Samples", ""]
     if not found:
         return [*lines, f"No stage logged samples ({logs_dir}/<stage>/samples.jsonl) in this run.", ""]
-    prompts = list(next(iter(found.values()))[1])[:NUM_SAMPLE_PROMPTS]
-    for i, prompt in enumerate(prompts, 1):
-        rows = [[f"{s} (step {fmt(step)})", _cell(answers[prompt]) if prompt in answers else "–"]
-                for s, (step, answers) in found.items()]
-        lines += [f"### Prompt {i}", "", "```", prompt.strip(), "```", "", *table(["stage", "completion"], rows), ""]
-    return lines
+    return lines + _side_by_side({f"{s} (step {fmt(step)})": answers for s, (step, answers) in found.items()},
+                                 "stage", "completion")
+
+
+def answers_section(files: dict[str, Path]) -> list[str]:
+    """The evaluated models' greedy answers to the same held-out prompts, side by side (each model's
+    ``answers.jsonl`` of the evaluate stage: `llmpipe.evaluation.harness.answers_path`)."""
+    found = {}
+    for model, path in files.items():
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        if rows:
+            found[model] = {str(r["prompt"]): str(r["answer"]) for r in rows}
+    if not found:
+        return []
+    note = ("The evaluated models' greedy answers (the evaluation's generation task, up to eval.max_new_tokens) to "
+            "the first held-out prompts.")
+    return ["## Greedy answers", "", note, "", *_side_by_side(found, "model", "answer")]
 
 
 def provenance_section(prov: Provenance, cost_per_hour: float, total_wall_s: float) -> list[str]:

@@ -107,11 +107,13 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
               "${paths.models}/sft", one_process="not yet tried under several processes", adapters=False),
     Stage("evaluate", "evaluation", "lm-evaluation-harness on one model (--model NAME).",
           inputs=("${paths.data}/eval", "${paths.models}/${item.model}"),
-          params=("model.attn_implementation", *(f"eval.{k}" for k in ("tasks", "task_options", "limit", "batch_size",
-                                                                      "max_length", "max_new_tokens")))),
+          params=("model.attn_implementation", "data.source", *(f"eval.{k}" for k in ("tasks", "task_options", "limit",
+                                                                                     "batch_size", "max_length",
+                                                                                     "max_new_tokens")))),
     Stage("report", "report", "The report card reports/report.{md,html}: checks, costs, results across stages, "
           "figures, per-stage statistics, provenance; metrics/headline.json.", loads_models=False,
-          params=("eval.models", "eval.tasks", "eval.limit", "ppo.policy", "grpo.policy", "report")),
+          params=("data.source", "pretrain.enabled", "eval.models", "eval.tasks", "eval.limit", "ppo.policy",
+                  "grpo.policy", "report")),
     Stage("regression", "hand", "Hardware smoke test: an MLP on y = Xw + noise with plain Accelerate; ranks must "
           "agree (hand run).", loads_models=False),
 )}

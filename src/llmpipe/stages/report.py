@@ -17,6 +17,8 @@ from pathlib import Path
 from llmpipe.config import Params
 from llmpipe.core.io import atomic_dir, atomic_file, write_json
 from llmpipe.evaluation.checks import Check, run_checks, run_costs
+from llmpipe.evaluation.harness import answers_path
+from llmpipe.evaluation.tasks import tasks_for
 from llmpipe.report import card, current, figures, page, provenance, tables, vlm
 from llmpipe.report.headline import headline
 from llmpipe.stages import REGISTRY, TRAINING_TASKS, resolve_template
@@ -28,12 +30,15 @@ penalty it pays); TRL's GRPO logs the mean per token."""
 
 def input_models(params: Params) -> dict[str, str]:
     """``{training stage: the model it starts from}`` (pretrain starts from none), from the registry's inputs:
-    ``${paths.models}/${ppo.policy}`` → ``sft`` (or ``dpo``)."""
+    ``${paths.models}/${ppo.policy}`` → ``sft`` (or ``dpo``); sft's is the baseline when nothing was pretrained
+    (``pretrain.enabled: false``: models/pretrain points at the same weights as models/baseline)."""
     sources = {}
     for stage in TRAINING_TASKS:
         found = [Path(resolve_template(t, params)) for t in REGISTRY[stage].inputs if t.startswith("${paths.models}/")]
         if found:  # the first: ppo also reads models/reward, which is not where it starts
             sources[stage] = found[0].name
+    if not params.pretrain.enabled:
+        sources["sft"] = "baseline"
     return {stage: source for stage, source in sources.items() if stage != "reward"}  # reward: not a causal LM
 
 
@@ -41,14 +46,16 @@ def render(params: Params, found: current.Found, checks: list[Check], costs: lis
            prov: provenance.Provenance, images: dict[int, str]) -> str:
     """The report's markdown."""
     evals, stage_metrics = found.evals, found.stages
-    tasks = list(dict.fromkeys(params.eval.tasks))
+    stdlib = params.data.source == "stdlib"
+    tasks = tasks_for(params.eval.tasks, stdlib)
     times = card.wall_times(stage_metrics, evals)
     logs = Path(params.paths.logs)
     ran = tuple(s for s in TRAINING_TASKS if s in stage_metrics)
     lines = [
         "# llmpipe report",
         "",
-        f"Models ({', '.join(evals) or 'none'}) evaluated with lm-evaluation-harness on held-out modules, at most "
+        f"Models ({', '.join(evals) or 'none'}) evaluated with lm-evaluation-harness on held-out "
+        f"{'modules' if stdlib else f'records of your data (data.source: {params.data.source})'}, at most "
         f"{params.eval.limit or 'all'} documents per task. Numbers from `{params.paths.metrics}/`; "
         "rebuild with `dvc repro report`.",
         "",
@@ -57,11 +64,12 @@ def render(params: Params, found: current.Found, checks: list[Check], costs: lis
         *tables.summary_section(tasks, evals, input_models(params)),
         *card.figures_section(links),
         *card.stages_section(stage_metrics, logs, [s for s in TRAINING_TASKS if s in found.not_run]),
-        *card.rl_section(stage_metrics, RL_KL_UNITS),
+        *card.rl_section(stage_metrics, RL_KL_UNITS, stdlib),
         *card.samples_section(ran, logs),
+        *card.answers_section({m: answers_path(params, m) for m in evals}),
         *vlm.section(stage_metrics.get("vlm"), logs / "vlm" / "answers", images),
         *tables.results_section(tasks, evals),
-        *tables.tasks_section(tasks, evals),
+        *tables.tasks_section(tasks, evals, stdlib),
         *card.wall_time_section(times),
         *card.provenance_section(prov, params.report.cost_per_hour, sum(times.values())),
     ]
@@ -80,8 +88,9 @@ def run(params: Params) -> dict[str, float]:
         UserError: A metrics file is malformed.
     """
     found = current.collect(params)
-    checks = run_checks(found.evals, found.stages)
-    costs = run_costs(found.evals, input_models(params), tuple(RL_KL_UNITS))
+    stdlib, sources = params.data.source == "stdlib", input_models(params)
+    checks = run_checks(found.evals, found.stages, stdlib, sources["sft"])
+    costs = run_costs(found.evals, sources, tuple(RL_KL_UNITS), stdlib)
     reports = params.paths.out(params.paths.reports)
     ran = tuple(s for s in TRAINING_TASKS if s in found.stages)
     with atomic_dir(reports / "figures") as tmp:
