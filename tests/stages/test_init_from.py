@@ -207,6 +207,17 @@ def test_params_refuse_what_would_be_ignored_or_impossible(raw, message):
         parse_params(raw)
 
 
+def test_sft_by_hand_before_the_pointer_exists_says_to_run_pretrain_which_trains_nothing(tmp_path):
+    from llmpipe.stages.sft import SFT
+
+    params = parse_params({"paths": {"models": str(tmp_path / "models")}, "model": {"init_from": "my/model"},
+                           "data": {"source": "local", "local": {"sft": "a.json"}}, "pretrain": {"enabled": False}})
+    with pytest.raises(UserError, match=r"models/pretrain: no model there; pretrain\.enabled is false, so the pretrain "
+                                        r"stage writes there only a pointer to model\.init_from \(my/model\), in "
+                                        r"seconds: run `llm-train --task pretrain` \(or dvc repro pretrain\) first"):
+        SFT(params).load_model()
+
+
 def test_no_pretraining_text_is_needed_when_nothing_is_pretrained():
     params = parse_params({"data": {"source": "local", "local": {"sft": "a.json"}},
                            "model": {"init_from": "m"}, "pretrain": {"enabled": False}})
