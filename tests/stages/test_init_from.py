@@ -23,6 +23,7 @@ from user_models import (
 )
 
 from llmpipe.config import parse_params
+from llmpipe.config.loading import shadowed_train_keys
 from llmpipe.core.errors import UserError
 from llmpipe.model_source import weights_dir
 from llmpipe.models import build_model, init_model, load_model, load_tokenizer
@@ -235,3 +236,5 @@ def test_the_readme_fine_tune_example_validates():
     example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
     params = parse_params(merged_params(ROOT, example))
     assert not params.model.scratch and not params.pretrain.enabled and params.data.local.pretrain is None
+    assert not shadowed_train_keys(merged_params(ROOT, example)), "a train: key of the example that no stage reads"
+    assert params.sft.per_device_train_batch_size == params.dpo.per_device_train_batch_size == 4
