@@ -49,6 +49,7 @@ def test_method_trains_every_parameter_with_a_logged_loss(tiny_sft, method, monk
     assert metrics["steps"] == STEPS["max_steps"]
     rows = list(csv.DictReader((tiny_sft / f"out-{method}" / "logs" / "dpo" / "train.csv").open()))
     assert len(rows) == STEPS["max_steps"] and all(r["loss"] != "" for r in rows)
+    assert all(float(r["tokens_per_s"]) > 0 for r in rows), "tokens of both sequences counted (CPO/ORPO: no input_ids)"
     assert metrics["num_identical_pairs"] >= 0 and "num_fully_truncated_eval" in metrics
     assert len(loads) == (2 if method == "kto" else 1), "reference-free methods load no reference model"
     before = load_model(tiny_sft / "models" / "sft", "")

@@ -112,13 +112,15 @@ def trainer_class(method: str):
         from trl import KTOTrainer
 
         return KTOTrainer
+    from llmpipe.train.throughput import counting_pair_tokens  # their batches have no input_ids to count
+
     if method == "orpo":
         from trl.experimental.orpo import ORPOTrainer
 
-        return ORPOTrainer
+        return counting_pair_tokens(ORPOTrainer)
     from trl.experimental.cpo import CPOTrainer
 
-    return CPOTrainer
+    return counting_pair_tokens(CPOTrainer)
 
 
 class DPO(TrainerStage):
