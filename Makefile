@@ -4,6 +4,9 @@
 VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.installed-stamp
+# The exact version of every package `make install` installs; `make lock` writes it anew.
+CONSTRAINTS ?= constraints.txt
+LOCK_VENV := .lock-venv
 
 # Nothing at run time may download: the default pipeline and the tests run offline.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -12,14 +15,30 @@ export HF_DATASETS_OFFLINE := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run smoke test test-fast browser
+.PHONY: install run smoke test test-fast browser lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: this machine's CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
 	$(VENV)/bin/python -m pip install --quiet torch==2.13.0
-	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	# Every other package at the version constraints.txt names, so every fresh clone gets the same environment.
+	$(VENV)/bin/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
 	touch $(STAMP)
+
+# constraints.txt afresh: the newest versions pyproject.toml allows, resolved in a scratch venv (minutes), frozen.
+# Left out: llmpipe itself and pip; a local build tag is dropped (torch 2.13.0+cpu → 2.13.0), so the CUDA build of
+# the same torch satisfies it too.
+lock:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(LOCK_VENV)/bin/python -m pip install --quiet -e '.[test]'
+	{ echo "# Exact versions for make install (pip install -c constraints.txt), resolved on Python" \
+	    "$$($(LOCK_VENV)/bin/python -c 'import platform; print(platform.python_version(), platform.machine())')."; \
+	  echo "# Written by make lock, which resolves pyproject.toml afresh; do not edit by hand."; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --all --exclude-editable --exclude pip | sed -E 's/^([^=]+==[^+]*)\+.*$$/\1/'; \
+	} > $(CONSTRAINTS).tmp
+	mv $(CONSTRAINTS).tmp $(CONSTRAINTS)
+	rm -rf $(LOCK_VENV)
 
 # The offline page template of `dvc plots show` (.dvc/config: plots.html_template): vega inlined from an installed
 # package, so the plots page needs no network.

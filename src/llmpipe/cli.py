@@ -18,19 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe import stages
+from llmpipe.config import stages as registry
 from llmpipe.core.errors import UserError
 
 log = logging.getLogger("llmpipe")
 
 
 def _parser() -> argparse.ArgumentParser:
-    tasks = "\n".join(f"  {name:<10} {desc}" for name, desc in ((n, s.description) for n, s in stages.REGISTRY.items()))
+    tasks = "\n".join(f"  {name:<10} {s.description}" for name, s in registry.REGISTRY.items())
     p = argparse.ArgumentParser(
         prog="llm-train",
         description="Run one llmpipe stage (--task NAME), or one of the commands listed below.",
         epilog=f"registered tasks:\n{tasks}\n  lm         alias of pretrain\n"
         "  stream_lm  alias of pretrain that requires data.streaming: true\n\n"
-        "commands: llm-train {chat,generate,inspect,plot-lr,intermediate-size} …  (llm-train COMMAND --help)",
+        "commands: llm-train {chat,generate,inspect,plot-lr,intermediate-size,params-reference,dvc-yaml} …  (llm-train COMMAND --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", help="stage to run (see below)")
@@ -89,9 +90,10 @@ def overrides_from_args(args: argparse.Namespace, task: str) -> dict[str, Any]:
         out[f"{task}.precision"] = "auto" if args.amp else "fp32"
     if args.compile is not None:
         out["distributed.torch_compile"] = args.compile
-    if out and task not in stages.TRAINING_TASKS:
+    if out and task not in registry.TRAINING_TASKS:
         flags = ", ".join(k.split(".")[-1] for k in out)
-        raise UserError(f"--task {task} does not train; training overrides ({flags}) apply to {stages.TRAINING_TASKS}")
+        raise UserError(f"--task {task} does not train; training overrides ({flags}) apply to "
+                        f"{registry.TRAINING_TASKS}")
     return out
 
 
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.list_presets:
-        from llmpipe.data.presets import listing
+        from llmpipe.config.presets import listing
 
         print(listing())
         return 0
@@ -159,7 +161,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from llmpipe.train.checkpoints import ResumeRequest, describe_runs
 
     try:
-        task = stages.resolve(args.task)
+        task = registry.resolve(args.task)
     except ValueError as err:
         raise UserError(str(err)) from None
     overrides = overrides_from_args(args, task)
@@ -183,9 +185,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     # also under --list-checkpoints, which then checks a whole params edit without training
     kwargs: dict[str, Any] = {}
     if args.resume_from or args.restart or args.list_checkpoints:
-        if task not in stages.TRAINING_TASKS:
+        if task not in registry.TRAINING_TASKS:
             raise UserError(
-                f"--resume-from, --restart and --list-checkpoints apply to {stages.TRAINING_TASKS}, not {task}"
+                f"--resume-from, --restart and --list-checkpoints apply to {registry.TRAINING_TASKS}, not {task}"
             )
         if args.resume_from and args.restart:
             raise UserError("--resume-from and --restart contradict each other: give one")
@@ -200,10 +202,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     elif args.model:
         raise UserError(f"--model applies to --task evaluate only, not {task}")
     if args.trust_remote_code:  # stays in argv, so a copy relaunched under accelerate launch trusts the same
-        if task not in stages.LOADING_TASKS:
+        if task not in registry.LOADING_TASKS:
             raise UserError(f"--trust-remote-code: --task {task} loads no model or tokenizer; drop the flag")
         kwargs["trust_remote_code"] = True
-    if task in stages.DISTRIBUTED_TASKS and needs_launch(params.distributed) and not under_launcher():
+    if task in registry.DISTRIBUTED_TASKS and needs_launch(params.distributed) and not under_launcher():
         relaunch(params, task, argv)  # does not return: the same command, under accelerate launch
     run = stages.runner(task)
     start = time.perf_counter()

@@ -65,7 +65,7 @@ def env(pipeline_env, tmp_path_factory) -> dict[str, str]:
         PREFECT_RUNNER_POLL_FREQUENCY="2",  # serve picks up a new run within 2 s (default 10)
         # A run waiting for the repository's slot asks again within 5 s (default: up to 30 s).
         PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS="5",
-        # As the README starts the server: logs streamed out, so `prefect deployment run --watch` shows them.
+        # As docs/service.md starts the server: logs streamed out, so `prefect deployment run --watch` shows them.
         PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED="true",
         PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED="true",
     )

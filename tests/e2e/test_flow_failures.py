@@ -22,6 +22,7 @@ import yaml
 from conftest import make_pipeline_repo, sh
 from test_flow import DEPLOYMENT, client, env, logs_dir, served, server, task_runs, trigger, wait_final  # noqa: F401
 
+# isort: split
 from full_pipeline import limit_name  # flows/ is on sys.path through test_flow
 
 pytestmark = pytest.mark.slow
@@ -67,7 +68,7 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_failed_stage_says_why(repo, env, client, served):
+def test_failed_stage_says_why(repo, env, client, served):  # noqa: F811 (fixtures imported above)
     cmd = ["prefect", "deployment", "run", DEPLOYMENT, "--params", json.dumps({"stages": ["tokenizer"]}), "--watch"]
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     watched = proc.stdout + proc.stderr
@@ -82,7 +83,7 @@ def test_failed_stage_says_why(repo, env, client, served):
     assert task_runs(client, str(run.id))["tokenizer"].run_count == 2, "failed, then retried once (retries: 1)"
 
 
-def test_stage_past_its_time_limit_is_stopped_retried_and_frees_the_slot(repo, env, client, served):
+def test_stage_past_its_time_limit_is_stopped_retried_and_frees_the_slot(repo, env, client, served):  # noqa: F811
     start = time.time()
     run = wait_final(client, trigger(repo, env, stages=["prepare"]), timeout_s=300)
     wall_s = time.time() - start

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import ALL_STAGES, TINY_PARAMS, sh, stages_run
 
-from llmpipe import stages
+from llmpipe.config import stages as registry
 from llmpipe.config.identity import IDENTITY_KEY
 
 pytestmark = pytest.mark.slow
@@ -88,7 +88,7 @@ def test_a_train_param_reruns_the_training_stages_and_not_the_data_stages(repo, 
         out = sh(repo, env, "dvc", "repro", "--dry")
     finally:
         sh(repo, env, "git", "checkout", "-q", "params.yaml")
-    assert stages_run(out) == set(stages.TRAINING_TASKS)
+    assert stages_run(out) == set(registry.TRAINING_TASKS)
 
 
 def test_exp_run_beta_reruns_only_dpo_and_after(repo, env):

@@ -16,7 +16,7 @@ import yaml
 from conftest import ROOT, sh
 from PIL import Image
 
-from llmpipe import stages
+from llmpipe.config import stages as registry
 from llmpipe.report.tables import fmt
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ def headless(page: Path, screenshot: Path) -> list[str]:
 def test_report_card_has_every_stage_and_every_figure_opens(repo):
     text = (repo / "reports" / "report.md").read_text()
     assert "Not run for these params" not in text, "under dvc repro every metrics file is of the current params"
-    for stage in stages.TRAINING_TASKS:
+    for stage in registry.TRAINING_TASKS:
         assert re.search(rf"^\| {stage} \| ", text, re.MULTILINE), f"{stage} has no row in the card"
     links = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", text)
     figures, names = {"loss.png", "lr.png", "rl.png"}, {Path(link).name for link in links}
@@ -79,7 +79,7 @@ def test_report_tables_agree_with_metrics_and_dvc_lock(repo, pipeline_env):
     assert any(p.startswith("data/") for p in outputs) and any(p.startswith("models/") for p in outputs)
     for path, md5 in outputs.items():
         assert f"| `{path}` | `{md5}` |" in text, path
-    for stage in stages.TRAINING_TASKS:
+    for stage in registry.TRAINING_TASKS:
         m = json.loads((repo / "metrics" / f"{stage}.json").read_text())
         row = f"| {stage} | {fmt(m['wall_time_s'])} | {fmt(m['steps'])} | "
         assert row in text, row
@@ -122,10 +122,10 @@ def test_dvc_plots_page_shows_every_plot_offline(repo, pipeline_env, tmp_path):
         assert errors == []
 
 
-def readme_exp_show() -> tuple[str, str]:
-    """The `DROP=…` line and the `dvc exp show` command of the README's "Compare runs at a glance"."""
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"^## Compare runs at a glance\n.*?^```\n(.*?)^```", readme, re.DOTALL | re.MULTILINE)
+def guide_exp_show() -> tuple[str, str]:
+    """The `DROP=…` line and the `dvc exp show` command of docs/experiments.md's "Compare runs at a glance"."""
+    guide = (ROOT / "docs" / "experiments.md").read_text()
+    block = re.search(r"^## Compare runs at a glance\n.*?^```\n(.*?)^```", guide, re.DOTALL | re.MULTILINE)
     lines = block.group(1).splitlines()
     drop = next(line for line in lines if line.startswith("DROP="))
     show = next(line.split("#")[0].strip() for line in lines if line.startswith("dvc exp show"))
@@ -139,7 +139,7 @@ def test_exp_show_of_two_experiments_fits_in_200_columns(repo, pipeline_env, tmp
     sh(copy, pipeline_env, "git", "commit", "-qm", "baseline run")
     for beta in ("0.2", "0.3"):
         sh(copy, pipeline_env, "dvc", "exp", "run", "-n", f"beta{beta}", "-S", f"dpo.beta={beta}")
-    drop, show = readme_exp_show()
+    drop, show = guide_exp_show()
     out = sh(copy, pipeline_env, "bash", "-c", f"{drop}; {show} --no-pager")
     table = [line for line in out.splitlines() if line.startswith("|")]
     assert len(table) >= 5, out  # header, rule, workspace, baseline, two experiments

@@ -1,4 +1,4 @@
-"""Sharing a finished run through a DVC remote (README, "Share and reproduce"): `dvc push`, then on "another
+"""Sharing a finished run through a DVC remote (docs/sharing.md): `dvc push`, then on "another
 machine" a fresh `git clone` and `dvc pull` give every model, metric and report, and `dvc repro` has nothing to do.
 
 Against a local-directory remote and against a real S3-compatible server (moto's server mode, through dvc-s3) that

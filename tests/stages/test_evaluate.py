@@ -167,7 +167,7 @@ def test_rendered_tasks_use_absolute_paths_and_the_models_chat_format(tiny_root,
     tok = load_tokenizer(tiny_root / "models" / "tiny")
     monkeypatch.chdir(tmp_path)  # relative inputs, to prove the YAMLs do not depend on the cwd
     counts = render_tasks(list(LOCAL_TASKS), os.path.relpath(tiny_root / "data" / "eval"), tok, "work", 4096, 16)
-    assert counts == {name: (4, 0) for name in LOCAL_TASKS}
+    assert counts == dict.fromkeys(LOCAL_TASKS, (4, 0))
     for name in LOCAL_TASKS:
         text = (tmp_path / "work" / f"{name}.yaml").read_text()
         config = yaml.load(text, Loader=_IgnoreTags)

@@ -25,8 +25,8 @@ from user_models import (
 from llmpipe.config import parse_params
 from llmpipe.config.loading import shadowed_train_keys
 from llmpipe.core.errors import UserError
-from llmpipe.model_source import weights_dir
 from llmpipe.models import build_model, init_model, load_model, load_tokenizer
+from llmpipe.models.source import weights_dir
 
 STEPS = {"max_steps": 2, "eval_steps": 2, "save_steps": 2, "warmup_steps": 0, "logging_steps": 1}
 
@@ -172,7 +172,7 @@ def test_a_hub_id_resolves_through_the_cache_offline(llama, tmp_path, monkeypatc
     tokenizer = load_tokenizer(params.paths.tokenizer)
     model = init_model(hub.model, tokenizer)
     assert torch.equal(model.state_dict()["lm_head.weight"], weights(source)["lm_head.weight"])
-    from llmpipe.model_source import write_pointer
+    from llmpipe.models.source import write_pointer
 
     written = write_pointer(tmp_path / "pointer", hub.model, tokenizer)
     assert written["revision"] == commit and weights_dir(tmp_path / "pointer").name == commit
@@ -225,15 +225,15 @@ def test_no_pretraining_text_is_needed_when_nothing_is_pretrained():
     assert params.data.local.pretrain is None
 
 
-def test_the_readme_fine_tune_example_validates():
+def test_the_fine_tune_guides_example_validates():
     import re
 
     from conftest import ROOT
 
     from llmpipe.orchestration.scratch import merged_params
 
-    section = (ROOT / "README.md").read_text().split("## Fine-tune your own model")[1]
-    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    guide = (ROOT / "docs" / "finetune.md").read_text()  # its one complete params.yaml change
+    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", guide, re.S).group(1))
     params = parse_params(merged_params(ROOT, example))
     assert not params.model.scratch and not params.pretrain.enabled and params.data.local.pretrain is None
     assert not shadowed_train_keys(merged_params(ROOT, example)), "a train: key of the example that no stage reads"

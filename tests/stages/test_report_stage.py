@@ -11,9 +11,10 @@ from test_evaluate import cli_metrics, make_params, tiny_root  # noqa: F401  (fi
 
 from llmpipe.config import parse_params
 from llmpipe.config.identity import IDENTITY_KEY, run_identity
+from llmpipe.config.stages import REGISTRY
 from llmpipe.evaluation.checks import rl_reward_gain
 from llmpipe.report import card, tables
-from llmpipe.stages import REGISTRY, report
+from llmpipe.stages import report
 
 
 def write_metrics(root: Path, evals: dict[str, dict[str, float]]) -> None:
@@ -143,7 +144,7 @@ def test_report_without_a_models_evaluation_shows_it_as_not_run(tmp_path):
     assert "| sft |" not in text.split("## Results per task")[1]
 
 
-def test_report_on_a_real_evaluation(tiny_root, cli_metrics):
+def test_report_on_a_real_evaluation(tiny_root, cli_metrics):  # noqa: F811 (fixtures imported above)
     """The report reads what the evaluate stage wrote (no checks apply to a lone model)."""
     _, params = make_params(tiny_root)
     assert report.run(params) == {"num_checks": 0, "num_checks_passed": 0, "num_not_run": 11}

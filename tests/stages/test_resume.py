@@ -22,6 +22,7 @@ from conftest import ROOT, TINY_PARAMS
 from llmpipe import stages
 from llmpipe.cli import main
 from llmpipe.config import load_params
+from llmpipe.config import stages as registry
 from llmpipe.train.checkpoints import newest_whole
 
 # Per stage: steps, checkpoint interval, and every step logged (so each step's loss can be compared).
@@ -38,7 +39,7 @@ RESUME = {
 
 
 def test_every_training_stage_has_a_resume_schedule():
-    missing = set(stages.TRAINING_TASKS) - set(RESUME)
+    missing = set(registry.TRAINING_TASKS) - set(RESUME)
     assert not missing, f"add a schedule for {sorted(missing)} to RESUME in tests/stages/test_resume.py"
 
 

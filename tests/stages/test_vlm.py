@@ -71,7 +71,7 @@ def test_frozen_parts_stay_bit_identical_and_the_folder_loads_with_plain_transfo
     projector = [n for n in initial if "multi_modal_projector" in n]
     assert projector and all(not torch.equal(initial[n], trained[n]) for n in projector)
 
-    # The README's few lines: a held-out image and its question, answered by plain transformers.
+    # docs/vlm.md's few lines: a held-out image and its question, answered by plain transformers.
     record = json.loads((tiny_sft / "data" / "vlm" / "test.jsonl").read_text().splitlines()[0])
     messages = [{"role": "user", "content": [{"type": "image"},
                                              {"type": "text", "text": record["messages"][0]["content"].replace("<image>", "")}]}]

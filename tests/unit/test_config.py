@@ -53,7 +53,7 @@ def test_shipped_file_lists_every_knob():
     params = load_params(ROOT / "params.yaml")
 
     def missing(model, node, prefix):
-        for name, field in type(model).model_fields.items():
+        for name in type(model).model_fields:
             value = getattr(model, name)
             if name not in node:
                 yield f"{prefix}{name}"

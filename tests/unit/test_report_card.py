@@ -33,8 +33,8 @@ def test_grpo_check_needs_the_gain_and_two_standard_errors():
     def gen(score: float, stderr: float) -> dict[str, float]:
         return {"llmpipe_generation.score": score, "llmpipe_generation.score_stderr": stderr}
 
-    assert checks.grpo_vs_sft({"sft": gen(0.1, 0.01), "grpo": gen(0.3, 0.01)}).passed is True
-    assert checks.grpo_vs_sft({"sft": gen(0.1, 0.05), "grpo": gen(0.2, 0.05)}).passed is False  # 1.4 s.e.
+    assert checks.generation_gain({"sft": gen(0.1, 0.01), "grpo": gen(0.3, 0.01)}, "grpo").passed is True
+    assert checks.generation_gain({"sft": gen(0.1, 0.05), "grpo": gen(0.2, 0.05)}, "grpo").passed is False  # 1.4 s.e.
 
 
 def test_reward_check_needs_two_binomial_standard_errors():

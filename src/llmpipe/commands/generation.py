@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmpipe.adapter_folders import ADAPTER_CONFIG
 from llmpipe.core.errors import UserError, root_cause
 from llmpipe.core.io import safetensors_problem
 from llmpipe.models import (
@@ -23,6 +22,7 @@ from llmpipe.models import (
     pretrained_kwargs,
     read_config,
 )
+from llmpipe.models.folders import ADAPTER_CONFIG
 
 log = logging.getLogger(__name__)
 

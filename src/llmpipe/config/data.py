@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from llmpipe.config import presets
 from llmpipe.config.section import Section
-from llmpipe.data import presets
 
 
 class StdlibSourceParams(Section):

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from llmpipe.config.stages import REGISTRY, resolve_template
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import hash_paths
 
@@ -76,12 +77,10 @@ def run_identity(params: Any, task: str, model: str | None = None, cache: dict[s
     Returns:
         ``{"params <section or key>": hash, "input <path>": hash}``, flat, 16 hex characters per value.
     """
-    from llmpipe.stages import REGISTRY, resolve_template  # the registry imports this package: at call time
-
     stage = REGISTRY[task]
     scope = SimpleNamespace(**{name: getattr(params, name) for name in type(params).model_fields},
                             item=SimpleNamespace(model=model))
-    out = {f"params {key}": _short(_dotted(params, key)) for key in stage.params}
+    out = {f"params {key}": _short(_dotted(params, key)) for key in stage.params if key != "paths"}
     for template in stage.inputs:
         path = Path(resolve_template(template, scope))
         out[f"input {path}"] = content_hash(path, cache)

@@ -12,9 +12,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from llmpipe.config.params import Params
+from llmpipe.config.stages import ADAPTER_TASKS, TRAINING_TASKS
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import decode_line
-
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,6 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         ParamsError: A key is unknown, a value has the wrong type or range, or a cross-field rule fails.
             The message names each key path (e.g. ``sft.lrr``) and suggests the fix.
     """
-    from llmpipe.stages import ADAPTER_TASKS, TRAINING_TASKS  # the registry imports config sections: at call time
-
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -107,7 +105,6 @@ def shadowed_train_keys(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
     sections), each with the stages' own values. Blocks (``peft:``) are left out: a stage's block may merge with
     train's key by key; so is a value equal to the default (the shipped file lists every key, read or not)."""
     from llmpipe.config.training import TrainParams
-    from llmpipe.stages import ADAPTER_TASKS, TRAINING_TASKS
 
     train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
     out = {}

@@ -242,20 +242,48 @@ class GRPOParams(TrainParams):
         """`steps_per_generation`, or TRL's default for it: `gradient_accumulation_steps`."""
         return self.steps_per_generation or self.gradient_accumulation_steps
 
-    @model_validator(mode="after")
-    def _checkpoints_between_generations(self) -> GRPOParams:
-        steps_per_generation = self.resolved_steps_per_generation
-        cycle = steps_per_generation * self.num_iterations
-        if (self.save_steps * self.gradient_accumulation_steps) % cycle:
-            raise ValueError(
-                f"grpo.save_steps ({self.save_steps}) × grpo.gradient_accumulation_steps "
-                f"({self.gradient_accumulation_steps}) micro-steps must be a multiple of grpo.steps_per_generation "
-                f"({steps_per_generation}) × grpo.num_iterations ({self.num_iterations}) = {cycle}: GRPOTrainer "
-                "does not checkpoint its buffer of generated completions, so a checkpoint must fall between "
-                "generation rounds; change grpo.save_steps"
-            )
-        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
-            raise ValueError(
-                "grpo.loss_type luspo is a sequence-level loss: set grpo.importance_sampling_level to sequence"
-            )
-        return self
+
+# The rules of a grouped section take its name (`Params` calls them per registry stage with ``grouped``), so a
+# stage whose section subclasses GRPOParams is named in its own messages.
+def check_rounds(name: str, g: GRPOParams) -> None:
+    """Refuse a checkpoint inside a generation round, and a sequence-level loss on token-level ratios.
+
+    Raises:
+        ValueError: ``<name>.save_steps`` does not fall between generation rounds (GRPOTrainer does not checkpoint
+            its buffer of generated completions), or ``loss_type: luspo`` without sequence-level sampling.
+    """
+    steps_per_generation = g.resolved_steps_per_generation
+    cycle = steps_per_generation * g.num_iterations
+    if (g.save_steps * g.gradient_accumulation_steps) % cycle:
+        raise ValueError(
+            f"{name}.save_steps ({g.save_steps}) × {name}.gradient_accumulation_steps "
+            f"({g.gradient_accumulation_steps}) micro-steps must be a multiple of {name}.steps_per_generation "
+            f"({steps_per_generation}) × {name}.num_iterations ({g.num_iterations}) = {cycle}: GRPOTrainer "
+            "does not checkpoint its buffer of generated completions, so a checkpoint must fall between "
+            f"generation rounds; change {name}.save_steps"
+        )
+    if g.loss_type == "luspo" and g.importance_sampling_level != "sequence":
+        raise ValueError(
+            f"{name}.loss_type luspo is a sequence-level loss: set {name}.importance_sampling_level to sequence"
+        )
+
+
+def check_groups_fit(name: str, g: GRPOParams, processes: int) -> None:
+    """Refuse batches a group of ``num_generations`` completions does not fit, over `processes` ranks.
+
+    Raises:
+        ValueError: One generation round, or one evaluation batch, is not a multiple of ``<name>.num_generations``.
+    """
+    generation_batch = g.per_device_train_batch_size * processes * g.resolved_steps_per_generation
+    if generation_batch % g.num_generations:
+        raise ValueError(
+            f"{name}: one generation round holds {name}.per_device_train_batch_size "
+            f"({g.per_device_train_batch_size}) × world size ({processes}) × {name}.steps_per_generation (default: "
+            f"gradient_accumulation_steps) = {generation_batch} completions, not a multiple of "
+            f"{name}.num_generations ({g.num_generations}): every prompt's group must fit in one round"
+        )
+    if (g.per_device_eval_batch_size * processes) % g.num_generations:
+        raise ValueError(
+            f"{name}.per_device_eval_batch_size ({g.per_device_eval_batch_size}) × world size "
+            f"({processes}) must be a multiple of {name}.num_generations ({g.num_generations})"
+        )

@@ -114,6 +114,11 @@ class TrainParams(Section):
     max_eval_samples: MaxEvalSamples = 128
     num_samples: int | None = Field(None, gt=0, description="Train on at most this many examples (None = all).")
     dataloader_num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+    use_liger_kernel: bool = Field(
+        False,
+        description="Liger's Triton kernels (RMSNorm, SwiGLU, RoPE; fused linear cross-entropy for pretrain, where "
+        "TRL's own fused LM head does not replace it) patched into the model: a CUDA GPU and liger-kernel.",
+    )
     callbacks: list[str] = Field(
         [], description="Import paths 'package.module:Class' of llmpipe.callbacks.Callback subclasses to call."
     )

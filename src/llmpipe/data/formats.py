@@ -199,6 +199,21 @@ def preference_rows(records: Records) -> Normalised:
     return _normalise(records, row, lambda r: [r["chosen"], r["rejected"]])
 
 
+def prompt_turns(messages: list[Message]) -> list[Message]:
+    """The turns of a conversation up to and including its first user turn: the prompt an RL policy
+    answers, and the prompt of a training run's samples.
+
+    A leading system turn stays (SFT trained the reply under it); later turns are the answer and what follows.
+
+    Raises:
+        ValueError: The conversation has no user turn.
+    """
+    for i, message in enumerate(messages):
+        if message["role"] == "user":
+            return messages[: i + 1]
+    raise ValueError("a conversation without a user turn")
+
+
 def _normalise(records: Records, row: Callable[[Record], Row], answers: Callable[[Row], list[list[Message]]]
                ) -> Normalised:
     """`row` of every record, leaving out (and counting) those where an answer of `answers` is empty."""

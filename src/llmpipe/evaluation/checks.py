@@ -9,12 +9,14 @@ its training stages.
 4. The reward model ranks held-out pairs right at least :data:`REWARD_MIN_ACCURACY` of the time, overall (by
    :data:`MIN_MARGIN_SE` binomial standard errors over ``num_pairs``) and for each corruption type
    (``metrics/reward.json``).
-5. PPO and GRPO raise the reward: the mean reward over the last 10% of steps exceeds the first 10%'s by at
-   least :data:`MIN_MARGIN_SE` standard errors (of the difference) (``metrics/{ppo,grpo}.json``).
-6. GRPO writes better code: ``grpo``'s generation score is at least :data:`GRPO_MIN_SCORE_GAIN` above ``sft``'s
-   (``llmpipe_generation.score``), and by at least :data:`MIN_MARGIN_SE` standard errors of the difference. On
-   users' own data (``data.source`` other than stdlib), where no stdlib function is generated: ``grpo`` passes more
-   of the held-out tasks' tests than ``sft`` (:data:`TESTS_PASS`), skipped while the data has no such tasks.
+5. Every RL stage (the registry's ``rl``: ppo, grpo) raises the reward: the mean reward over the last 10% of steps
+   exceeds the first 10%'s by at least :data:`MIN_MARGIN_SE` standard errors (of the difference)
+   (``metrics/<stage>.json``).
+6. Every RL stage on verifiable rewards (the registry's ``verifiable``: grpo) writes better code: its generation
+   score is at least :data:`RL_MIN_SCORE_GAIN` above ``sft``'s (``llmpipe_generation.score``), and by at least
+   :data:`MIN_MARGIN_SE` standard errors of the difference. On users' own data (``data.source`` other than stdlib),
+   where no stdlib function is generated: it passes more of the held-out tasks' tests than ``sft``
+   (:data:`TESTS_PASS`), skipped while the data has no such tasks.
 
 The claims speak of the data: functions and corrupted bodies on the stdlib, held-out text, responses and pairs on
 users' own data. Without pretraining (``pretrain.enabled: false``) check 1 is skipped and check 2 compares sft with
@@ -36,6 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmpipe.config.stages import RL_TASKS, VERIFIABLE_TASKS
+
 Metrics = dict[str, dict[str, float]]
 """Evaluation metrics per model: ``{model: {"<task>.<metric>": value}}``."""
 
@@ -56,8 +60,8 @@ RL_MIN_DISTINCT = 0.5
 """Smallest share of distinct generated bodies (``llmpipe_generation.distinct``) of an RL stage that is not
 flagged."""
 
-GRPO_MIN_SCORE_GAIN = 0.05
-"""Smallest gain of ``llmpipe_generation.score`` from sft to grpo (check 6): 5 points."""
+RL_MIN_SCORE_GAIN = 0.05
+"""Smallest gain of ``llmpipe_generation.score`` from sft to an RL stage on verifiable rewards (check 6): 5 points."""
 
 TESTS_PASS = "llmpipe_tasks.tests_pass"
 """The share of held-out task tests a model's code passes, on tasks with tests users give: check 6 on their
@@ -202,7 +206,7 @@ def reward_accuracy(stages: Metrics, stdlib: bool = True) -> Check:
 
 
 def rl_reward_gain(stages: Metrics, stage: str) -> Check:
-    """Check 5 for `stage` (ppo or grpo); its value is the gain in standard errors of the difference."""
+    """Check 5 for RL `stage`; its value is the gain in standard errors of the difference."""
     claim = (f"{stage} raises the reward: the mean over the last 10% of steps exceeds the first 10%'s by at least "
              f"{MIN_MARGIN_SE:g} standard errors (metrics/{stage}.json)")
     metric = f"check_{stage}_reward_gain_se"
@@ -228,26 +232,26 @@ def rl_reward_gain(stages: Metrics, stage: str) -> Check:
     return Check(claim, metric, gain, gain >= MIN_MARGIN_SE, detail)
 
 
-def grpo_vs_sft(evals: Metrics) -> Check:
-    """Check 6; its value is grpo − sft of ``llmpipe_generation.score``."""
-    claim = (f"grpo's generated bodies parse and define the function at least {GRPO_MIN_SCORE_GAIN * 100:g} points "
+def generation_gain(evals: Metrics, stage: str) -> Check:
+    """Check 6 for RL `stage` on verifiable rewards; its value is `stage` − sft of ``llmpipe_generation.score``."""
+    claim = (f"{stage}'s generated bodies parse and define the function at least {RL_MIN_SCORE_GAIN * 100:g} points "
              f"and {MIN_MARGIN_SE:g} standard errors more often than sft's (llmpipe_generation.score)")
-    metric = "check_grpo_generation_score_delta"
-    pair = _pair(evals, "llmpipe_generation.score", "grpo", "sft")
+    metric = f"check_{stage}_generation_score_delta"
+    pair = _pair(evals, "llmpipe_generation.score", stage, "sft")
     if isinstance(pair, str):
         return _skipped(claim, metric, pair)
     ours, ref = pair
-    se = _stderr_of_difference(evals, "llmpipe_generation.score", "grpo", "sft")
+    se = _stderr_of_difference(evals, "llmpipe_generation.score", stage, "sft")
     significant, noise = beyond_noise(ours - ref, se)
-    detail = f"sft {ref:.3f} → grpo {ours:.3f} ({ours - ref:+.3f}{noise})"
+    detail = f"sft {ref:.3f} → {stage} {ours:.3f} ({ours - ref:+.3f}{noise})"
     for key, label in (("trivial", "trivial bodies"), ("distinct", "distinct bodies")):  # reward-hacking signs
-        shares = _pair(evals, f"llmpipe_generation.{key}", "grpo", "sft")
+        shares = _pair(evals, f"llmpipe_generation.{key}", stage, "sft")
         if not isinstance(shares, str):
-            detail += f"; {label}: sft {shares[1]:.3f} → grpo {shares[0]:.3f}"
-    return Check(claim, metric, ours - ref, significant and ours - ref >= GRPO_MIN_SCORE_GAIN - 1e-9, detail)
+            detail += f"; {label}: sft {shares[1]:.3f} → {stage} {shares[0]:.3f}"
+    return Check(claim, metric, ours - ref, significant and ours - ref >= RL_MIN_SCORE_GAIN - 1e-9, detail)
 
 
-def tests_pass_gain(evals: Metrics, model: str = "grpo", ref: str = "sft") -> Check:
+def tests_pass_gain(evals: Metrics, model: str, ref: str = "sft") -> Check:
     """Check 6 on users' own data, where no stdlib function is generated: `model` passes more of the held-out
     tasks' tests than `ref` (:data:`TESTS_PASS`, from the tasks a user gives), by :data:`MIN_MARGIN_SE`
     standard errors; skipped, saying so, where the data has no such tasks."""
@@ -281,9 +285,8 @@ def run_checks(evals: Metrics, stages: Metrics, stdlib: bool = True, sft_source:
         sft_vs_pretrain(evals, sft_source),
         dpo_vs_sft(evals, stdlib),
         reward_accuracy(stages, stdlib),
-        rl_reward_gain(stages, "ppo"),
-        rl_reward_gain(stages, "grpo"),
-        grpo_vs_sft(evals) if stdlib else tests_pass_gain(evals),
+        *(rl_reward_gain(stages, stage) for stage in RL_TASKS),
+        *(generation_gain(evals, stage) if stdlib else tests_pass_gain(evals, stage) for stage in VERIFIABLE_TASKS),
     ]
 
 

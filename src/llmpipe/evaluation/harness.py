@@ -79,7 +79,7 @@ def quiet_lm_eval() -> Iterator[None]:
 
 def context_length(model_dir: Path, requested: int) -> int:
     """`requested` tokens, capped at the model's ``max_position_embeddings`` (RoPE beyond it is untrained)."""
-    from llmpipe.adapter_folders import model_config
+    from llmpipe.models.folders import model_config
 
     config = model_config(model_dir)
     limit = config.get("max_position_embeddings") or requested

@@ -17,8 +17,8 @@ from typing import Any
 
 from llmpipe.config import Params
 from llmpipe.config.identity import IDENTITY_KEY, differences, run_identity
+from llmpipe.config.stages import METRICS_STAGES
 from llmpipe.core.errors import UserError
-from llmpipe.stages import METRICS_STAGES
 
 Metrics = dict[str, dict[str, Any]]
 

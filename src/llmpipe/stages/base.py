@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from llmpipe.config import Params
+from llmpipe.config.stages import REGISTRY, input_paths
 from llmpipe.models import load_model, load_tokenizer
-from llmpipe.stages import REGISTRY, input_paths
-from llmpipe.tokenizer_identity import check_same_tokenizer
+from llmpipe.models.tokenizer_identity import check_same_tokenizer
 from llmpipe.train import adapters
 from llmpipe.train.checkpoints import ResumeRequest, open_run
 from llmpipe.train.loop import train_stage

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from llmpipe.config import Params
 from llmpipe.config.training import DPO_LOSS_KEYS
-from llmpipe.core.errors import UserError
 from llmpipe.data.loading import load_split
 from llmpipe.stages.base import TrainerStage
 from llmpipe.train import kto
@@ -35,13 +34,13 @@ log = logging.getLogger(__name__)
 COLUMNS = ("prompt", "chosen", "rejected")
 
 
-def dpo_config(params: Params, run_dir: Path):
-    """Our params → `trl.DPOConfig`, field by field."""
+def dpo_config(params: Params, run_dir: Path, name: str = "dpo"):
+    """Our params → `trl.DPOConfig`, field by field, from section `name` (a stage that reuses this one: its own)."""
     from trl import DPOConfig
 
-    cfg = params.dpo
+    cfg = params.stage(name)
     return DPOConfig(
-        **training_kwargs(params, "dpo", run_dir),
+        **training_kwargs(params, name, run_dir),
         beta=cfg.beta,
         loss_type=list(cfg.loss_type),
         loss_weights=cfg.loss_weights,
@@ -51,14 +50,14 @@ def dpo_config(params: Params, run_dir: Path):
     )
 
 
-def kto_config(params: Params, run_dir: Path):
+def kto_config(params: Params, run_dir: Path, name: str = "dpo"):
     """Our params → `trl.KTOConfig`, field by field (TRL's KTO loss; sequential sampling, TRL's default, which
     its KL estimate needs)."""
     from trl import KTOConfig
 
-    cfg = params.dpo
+    cfg = params.stage(name)
     return KTOConfig(
-        **training_kwargs(params, "dpo", run_dir),
+        **training_kwargs(params, name, run_dir),
         beta=cfg.beta,
         desirable_weight=cfg.desirable_weight,
         undesirable_weight=cfg.undesirable_weight,
@@ -67,25 +66,25 @@ def kto_config(params: Params, run_dir: Path):
     )
 
 
-def orpo_config(params: Params, run_dir: Path):
+def orpo_config(params: Params, run_dir: Path, name: str = "dpo"):
     """Our params → `trl.experimental.orpo.ORPOConfig`, field by field (``beta`` is the paper's λ)."""
     from trl.experimental.orpo import ORPOConfig
 
-    cfg = params.dpo
+    cfg = params.stage(name)
     return ORPOConfig(
-        **training_kwargs(params, "dpo", run_dir), beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=None
+        **training_kwargs(params, name, run_dir), beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=None
     )
 
 
-def cpo_config(params: Params, run_dir: Path):
+def cpo_config(params: Params, run_dir: Path, name: str = "dpo"):
     """Our params → `trl.experimental.cpo.CPOConfig`, field by field: CPO's sigmoid loss with ``cpo_alpha`` × NLL,
     or SimPO's loss (``loss_type="simpo"``) without the NLL term (``cpo_alpha=0``, TRL's recipe for SimPO)."""
     from trl.experimental.cpo import CPOConfig
 
-    cfg = params.dpo
+    cfg = params.stage(name)
     simpo = cfg.method == "simpo"
     return CPOConfig(
-        **training_kwargs(params, "dpo", run_dir),
+        **training_kwargs(params, name, run_dir),
         loss_type="simpo" if simpo else "sigmoid",
         beta=cfg.beta,
         label_smoothing=cfg.label_smoothing,
@@ -129,7 +128,7 @@ class DPO(TrainerStage):
     name = "dpo"
 
     def config(self, run_dir: Path):
-        return CONFIGS[self.cfg.method](self.params, run_dir)
+        return CONFIGS[self.cfg.method](self.params, run_dir, self.name)
 
     def datasets(self):
         if self.cfg.method == "kto":
@@ -150,7 +149,8 @@ class DPO(TrainerStage):
     def check_trainer(self, trainer, num_train: int, num_valid: int) -> dict[str, float]:
         trainer.train_dataset = drop_no_completion(trainer.train_dataset)  # CPO/ORPO keep them: a NaN loss
         trainer.eval_dataset = drop_no_completion(trainer.eval_dataset)
-        counts = trainer_preference_signal("dpo", trainer, num_train, num_valid, self.cfg.max_length, truncates=True)
+        counts = trainer_preference_signal(self.name, trainer, num_train, num_valid, self.cfg.max_length,
+                                           truncates=True)  # fmt: skip
         if self.cfg.method == "kto":
             trainer.train_dataset = kto.mismatched_kl(trainer.train_dataset, self.cfg.per_device_train_batch_size)
             trainer.eval_dataset = kto.mismatched_kl(trainer.eval_dataset, self.cfg.per_device_eval_batch_size)

@@ -14,13 +14,13 @@ import tempfile
 from pathlib import Path
 
 from llmpipe.config import EvalParams, Params
+from llmpipe.config.stages import REGISTRY
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import write_jsonl
 from llmpipe.evaluation import harness
 from llmpipe.evaluation.options import check_fewshot
 from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks, tasks_for
 from llmpipe.models import check_model_dir, load_tokenizer
-from llmpipe.stages import REGISTRY
 
 log = logging.getLogger(__name__)
 

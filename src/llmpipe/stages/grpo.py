@@ -30,14 +30,15 @@ ZERO_STD_WARN_FRACTION = 0.5
 """Warn when at least this share of groups had all-equal rewards (and so no gradient)."""
 
 
-def grpo_config(params: Params, run_dir: Path):
-    """Our params → `trl.GRPOConfig`, field by field (`generation.max_new_tokens` → `max_completion_length`,
-    `generation.suppress_tokens` → `generation_kwargs`)."""
+def grpo_config(params: Params, run_dir: Path, name: str = "grpo"):
+    """Our params → `trl.GRPOConfig`, field by field, from section `name` (a stage that reuses this one: its own)
+    (`generation.max_new_tokens` → `max_completion_length`, `generation.suppress_tokens` → `generation_kwargs`)."""
     from trl import GRPOConfig
 
-    cfg, gen = params.grpo, params.grpo.generation
+    cfg = params.stage(name)
+    gen = cfg.generation
     return GRPOConfig(
-        **training_kwargs(params, "grpo", run_dir),
+        **training_kwargs(params, name, run_dir),
         num_generations=cfg.num_generations,
         loss_type=cfg.loss_type,
         importance_sampling_level=cfg.importance_sampling_level,
@@ -65,7 +66,7 @@ def grpo_config(params: Params, run_dir: Path):
     )
 
 
-def prompt_dataset(path: Path, tokenizer, max_length: int, limit: int | None = None):
+def prompt_dataset(path: Path, tokenizer, max_length: int, limit: int | None = None, key: str = "grpo.max_length"):
     """GRPO prompts from SFT rows (:func:`llmpipe.rl.prompts.load_prompts`, the same selection as PPO's) as the
     conversational dataset TRL's GRPOTrainer takes.
 
@@ -74,6 +75,7 @@ def prompt_dataset(path: Path, tokenizer, max_length: int, limit: int | None = N
         tokenizer: Renders the prompt with its chat template and generation prompt, to measure it.
         max_length: Prompts longer than this many tokens are left out.
         limit: Keep at most this many prompts (after the length filter).
+        key: The params key of `max_length`, named when no prompt fits.
 
     Returns:
         A `datasets.Dataset` with columns ``prompt`` (the turns up to the first user turn) and ``name``.
@@ -83,7 +85,7 @@ def prompt_dataset(path: Path, tokenizer, max_length: int, limit: int | None = N
     """
     from datasets import Dataset
 
-    prompts = load_prompts(path, tokenizer, max_length, limit, "grpo.max_length")
+    prompts = load_prompts(path, tokenizer, max_length, limit, key)
     return Dataset.from_dict({"prompt": prompts.turns, "name": prompts.names})
 
 
@@ -145,12 +147,13 @@ class GRPO(TrainerStage):
     name = "grpo"
 
     def config(self, run_dir: Path):
-        return grpo_config(self.params, run_dir)
+        return grpo_config(self.params, run_dir, self.name)
 
     def datasets(self):
-        cfg = self.cfg
-        train = prompt_dataset(self.data / "train.jsonl", self.tokenizer, cfg.max_length, cfg.num_samples)
-        valid = prompt_dataset(self.data / "validation.jsonl", self.tokenizer, cfg.max_length, cfg.max_eval_samples)
+        cfg, key = self.cfg, f"{self.name}.max_length"
+        train = prompt_dataset(self.data / "train.jsonl", self.tokenizer, cfg.max_length, cfg.num_samples, key)
+        valid = prompt_dataset(self.data / "validation.jsonl", self.tokenizer, cfg.max_length, cfg.max_eval_samples,
+                               key)
         return train, valid
 
     def samples(self):
@@ -186,10 +189,10 @@ class GRPO(TrainerStage):
         frac = extra.get("frac_zero_std_groups", 0.0)
         if frac >= ZERO_STD_WARN_FRACTION:
             log.warning(
-                "grpo: %.0f%% of groups had all-equal rewards, so zero advantage and no gradient from them; add a "
-                "graded reward (e.g. parsable_prefix) to grpo.rewards, or raise grpo.num_generations or "
-                "grpo.generation.temperature",
-                100 * frac,
+                "%s: %.0f%% of groups had all-equal rewards, so zero advantage and no gradient from them; add a "
+                "graded reward (e.g. parsable_prefix) to %s.rewards, or raise %s.num_generations or "
+                "%s.generation.temperature",
+                self.name, 100 * frac, self.name, self.name, self.name,
             )
         return extra
 

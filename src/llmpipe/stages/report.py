@@ -15,15 +15,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmpipe.config import Params
+from llmpipe.config.stages import REGISTRY, RL_TASKS, TRAINING_TASKS, resolve_template
 from llmpipe.core.io import atomic_dir, atomic_file, write_json
 from llmpipe.evaluation.checks import Check, run_checks, run_costs
 from llmpipe.evaluation.harness import answers_path
 from llmpipe.evaluation.tasks import tasks_for
 from llmpipe.report import card, current, figures, page, provenance, tables, vlm
 from llmpipe.report.headline import headline
-from llmpipe.stages import REGISTRY, TRAINING_TASKS, resolve_template
 
-RL_KL_UNITS = {name: s.kl_unit for name, s in REGISTRY.items() if s.kl_unit}
+RL_KL_UNITS = {name: REGISTRY[name].kl_unit for name in RL_TASKS}
 """The RL stages and the unit of their ``kl_final`` (registry): our PPO sums the per-token KL over a response (the
 penalty it pays); TRL's GRPO logs the mean per token."""
 
@@ -39,7 +39,7 @@ def input_models(params: Params) -> dict[str, str]:
             sources[stage] = found[0].name
     if not params.pretrain.enabled:
         sources["sft"] = "baseline"
-    return {stage: source for stage, source in sources.items() if stage != "reward"}  # reward: not a causal LM
+    return {stage: source for stage, source in sources.items() if REGISTRY[stage].causal_lm}  # not the reward model
 
 
 def render(params: Params, found: current.Found, checks: list[Check], costs: list[Check], links: dict[str, str],
@@ -104,7 +104,7 @@ def run(params: Params) -> dict[str, float]:
         fh.write(text)
     with atomic_file(reports / "report.html") as fh:
         fh.write(page.render(text, reports, "llmpipe report"))
-    # nested under "headline": `dvc exp show` then names its columns headline.<key> (README, "Compare runs")
+    # nested under "headline": `dvc exp show` then names its columns headline.<key> (docs/experiments.md, "Compare runs")
     write_json(params.paths.out(params.paths.metrics, "headline.json"),
                {"headline": headline(found.evals, found.stages, checks, costs, len(found.not_run))})
     done = [c for c in checks if c.passed is not None]

@@ -22,13 +22,13 @@ from llmpipe.train.guards import MaskedBatchGuard, check_generation_markers, che
 log = logging.getLogger(__name__)
 
 
-def sft_config(params: Params, run_dir: Path):
-    """Our params → `trl.SFTConfig`, field by field."""
+def sft_config(params: Params, run_dir: Path, name: str = "sft"):
+    """Our params → `trl.SFTConfig`, field by field, from section `name` (a stage that reuses this one: its own)."""
     from trl import SFTConfig
 
-    cfg = params.sft
+    cfg = params.stage(name)
     return SFTConfig(
-        **training_kwargs(params, "sft", run_dir),
+        **training_kwargs(params, name, run_dir),
         max_length=cfg.max_length,
         assistant_only_loss=cfg.assistant_only_loss,
         packing=cfg.packing,
@@ -43,7 +43,7 @@ class SFT(TrainerStage):
     data_first = True  # the truncation counts need only the tokenizer
 
     def config(self, run_dir: Path):
-        return sft_config(self.params, run_dir)
+        return sft_config(self.params, run_dir, self.name)
 
     def datasets(self):
         train = load_split(self.data / "train.jsonl", ("messages",), self.cfg.num_samples)
@@ -59,9 +59,10 @@ class SFT(TrainerStage):
             counts[key] = count_fully_truncated(split["messages"], self.tokenizer, cfg.max_length,
                                                 cfg.assistant_only_loss)  # fmt: skip
             kind = "training" if training else "validation"
-            what = f"sft: {kind} samples with no completion token within sft.max_length={cfg.max_length}"
+            what = (f"{self.name}: {kind} samples with no completion token within "
+                    f"{self.name}.max_length={cfg.max_length}")
             log.info("%s: %d of %d", what, counts[key], len(split))
-            check_no_signal(counts[key], len(split), what, "raise sft.max_length", training)
+            check_no_signal(counts[key], len(split), what, f"raise {self.name}.max_length", training)
         return counts
 
     def inputs(self) -> list[Path]:
@@ -75,7 +76,7 @@ class SFT(TrainerStage):
 
         from llmpipe.train.losses import token_loss  # torch: imported when the stage runs, not with the module
 
-        loss = token_loss(self.cfg.loss, self.tokenizer, "sft.loss")
+        loss = token_loss(self.cfg.loss, self.tokenizer, f"{self.name}.loss")
         kwargs = {"model": model, "args": args, "train_dataset": train, "eval_dataset": valid,
                   "processing_class": self.tokenizer, "callbacks": callbacks}  # fmt: skip
         if self.cfg.distill.teacher:
@@ -86,7 +87,7 @@ class SFT(TrainerStage):
         else:
             trainer = SFTTrainer(**kwargs)
             trainer.compute_loss_func = None if self.cfg.loss.is_default else loss  # TRL's own loss when default
-        trainer.data_collator = MaskedBatchGuard(trainer.data_collator, "sft.max_length")
+        trainer.data_collator = MaskedBatchGuard(trainer.data_collator, f"{self.name}.max_length")
         return trainer
 
 

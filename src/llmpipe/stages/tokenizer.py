@@ -12,8 +12,8 @@ from llmpipe.config import Params
 from llmpipe.core.errors import UserError, root_cause
 from llmpipe.core.io import atomic_dir, read_jsonl
 from llmpipe.data.special import install, jinja_escape
-from llmpipe.model_source import checked_source, resolve
 from llmpipe.models import check_tokenizer_configs
+from llmpipe.models.source import checked_source, resolve
 
 log = logging.getLogger(__name__)
 

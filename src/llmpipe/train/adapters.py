@@ -187,7 +187,8 @@ def adalora_callback():
     return AdaLoraSchedule()
 
 
-def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[[], Any] | None, state_dict=None) -> None:
+def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[..., Any] | None, state_dict=None,
+         quantized: bool = False):  # fmt: skip
     """Write a trained model atomically; for an adapter, ``final`` = the merged full model with the adapter in
     ``final/adapter/`` (`merge`), or the adapter itself (``adapter_model.safetensors``, ``adapter_config.json``, the
     tokenizer). Any other model (method none, bitfit) is saved whole (`llmpipe.models.save_model`).
@@ -200,19 +201,30 @@ def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[[], Any
         tokenizer: Saved beside the model.
         final: ``models/<stage>``.
         merge: `peft.merge`.
-        load_base: Loads the stage's input model afresh, full precision: the merge is made on it, so the trained
-            model (sharded, or 4-bit) is left as it is for the final evaluation.
+        load_base: Loads the stage's input model afresh, full precision (keywords go to `from_pretrained`): the
+            merge is made on it, so the trained model (sharded, or 4-bit) is left as it is for the final evaluation.
         state_dict: The gathered state dict under sharding (FSDP, ZeRO-3); None reads the model's own.
+        quantized: The trained base is 4-bit (QLoRA): the adapter is merged into the base reloaded in bf16, its
+            compute dtype, never into the 4-bit weights.
+
+    Returns:
+        The merged model as saved (`llmpipe.train.merge_check` scores it against the trained one), else None.
     """
     from peft import PeftModel
 
     if not is_peft_model(model):
-        return save_model(model, tokenizer, final, state_dict=state_dict)
+        save_model(model, tokenizer, final, state_dict=state_dict)
+        return None
+    merged = None
     with atomic_dir(final) as tmp:
         adapter_dir = tmp / "adapter" if merge else tmp
         model.save_pretrained(adapter_dir, state_dict=state_dict, selected_adapters=[ADAPTER],
                               save_embedding_layers=False, safe_serialization=True)  # fmt: skip
         tokenizer.save_pretrained(tmp)
         if merge:
-            merged = PeftModel.from_pretrained(load_base(), adapter_dir).merge_and_unload()
+            import torch
+
+            base = load_base(dtype=torch.bfloat16) if quantized else load_base()
+            merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
             merged.save_pretrained(tmp, safe_serialization=True)
+    return merged

@@ -19,9 +19,10 @@ from trl.experimental.gkd import GKDTrainer
 
 from llmpipe.config import Params
 from llmpipe.config.optim import DistillParams
+from llmpipe.config.stages import REGISTRY
 from llmpipe.core.errors import UserError
 from llmpipe.models import load_model
-from llmpipe.tokenizer_identity import check_same_tokenizer
+from llmpipe.models.tokenizer_identity import check_same_tokenizer
 from llmpipe.train.losses import TokenWeightedLoss
 
 TEACHER_STAGES = ("pretrain",)
@@ -34,8 +35,6 @@ def teacher_dir(params: Params) -> Path:
     Raises:
         UserError: ``sft`` or a later stage named (it does not exist before sft runs), or a folder that is missing.
     """
-    from llmpipe.stages import REGISTRY
-
     name = params.sft.distill.teacher
     if name in REGISTRY and name not in TEACHER_STAGES:
         raise UserError(f"sft.distill.teacher: {name!r} runs after sft (or is not a model stage); name "

@@ -17,6 +17,7 @@ from typing import Any
 
 from llmpipe.callbacks import Callback, RunInfo
 from llmpipe.core.io import write_jsonl
+from llmpipe.data.formats import prompt_turns
 from llmpipe.data.loading import load_split
 from llmpipe.train.progress import write
 from llmpipe.train.tensorboard import TensorBoardLog
@@ -38,8 +39,6 @@ class SamplePrompts:
 def held_out_turns(path: Path, count: int) -> list[list[dict[str, str]]]:
     """The prompt turns of the first `count` rows of a prepared split: ``messages`` up to the first user turn (SFT
     data) or ``prompt`` (preference data; a string is one user turn)."""
-    from llmpipe.rl.prompts import prompt_turns
-
     rows = load_split(path, (), count, optional=("messages", "prompt"))
     if "messages" in rows.column_names:
         return [prompt_turns(m) for m in rows["messages"]]

@@ -18,16 +18,16 @@ from pathlib import Path
 
 import torch
 
-from llmpipe.adapter_folders import ADAPTER_CONFIG
 from llmpipe.config import Params, PPOParams
 from llmpipe.core.errors import UserError
 from llmpipe.data.tokens import PackedBlocks
 from llmpipe.distributed.launch import check_world
 from llmpipe.models import load_model, load_pretrained
+from llmpipe.models.folders import ADAPTER_CONFIG
+from llmpipe.models.tokenizer_identity import check_same_tokenizer
 from llmpipe.rl.ppo.loop import PPORun, prompts_per_step
 from llmpipe.rl.ppo.losses import RunningMeanStd
 from llmpipe.rl.prompts import IndexStream, Prompts
-from llmpipe.tokenizer_identity import check_same_tokenizer
 from llmpipe.train import adapters
 from llmpipe.train.arguments import resolve_precision, training_kwargs
 from llmpipe.train.optimizers import muon_with_adamw, schedule_kwargs

@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from llmpipe.adapter_folders import is_adapter, model_config
 from llmpipe.core.errors import UserError
+from llmpipe.models.folders import is_adapter, model_config
 
 log = logging.getLogger(__name__)
 
