@@ -28,10 +28,10 @@ from llmpipe.config.identity import IDENTITY_KEY
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import write_jsonl
 from llmpipe.data.corrupt import CORRUPTIONS
-from llmpipe.evaluation.harness import first_answers, flatten
-from llmpipe.evaluation.hooks import answer_score, distinct_share, generation_score, preference_accuracy
+from llmpipe.evaluation.harness import flatten
+from llmpipe.evaluation.hooks import distinct_share, generation_score, preference_accuracy
 from llmpipe.evaluation.options import check_fewshot
-from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks, tasks_for
+from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks
 from llmpipe.models import build_model, load_tokenizer, save_model
 from llmpipe.report import tables
 from llmpipe.stages import evaluate
@@ -327,25 +327,6 @@ def test_lm_eval_command_runs_our_tasks_on_a_saved_model(tiny_root, tmp_path):
     assert results["llmpipe_sft_chat"]["bits_per_byte,none"] > 0
     assert 0 <= results["llmpipe_generation"]["parses,none"] <= 1
     assert 0 < results["llmpipe_generation"]["distinct,none"] <= 1  # our !function aggregation, imported there
-
-
-def test_evaluation_follows_the_data():
-    """On users' own data no task grades stdlib Python: the code-generation task gives way to greedy answers scored
-    against the held-out response, the signature task drops out; named lm-eval tasks stay."""
-    shipped = [*EVAL_TASKS, "arc_easy"]
-    assert tasks_for(shipped, stdlib=True) == shipped
-    assert tasks_for(shipped, stdlib=False) == ["llmpipe_perplexity", "llmpipe_sft_chat", "llmpipe_sft_plain",
-                                                "llmpipe_preference", "llmpipe_answers", "arc_easy"]
-    assert all(LOCAL_TASKS[t].data == "any" for t in tasks_for(shipped, stdlib=False) if t in LOCAL_TASKS)
-    assert answer_score({"reference": "return x + 1\n"}, [" return x + 1"]) == {"exact": 1.0, "distinct": "return x + 1"}
-    assert answer_score({"reference": "yes"}, ["no"])["exact"] == 0.0
-    assert preference_accuracy({"choices": ["a", "b"], "label": 0, "corruption": "none"}, [(-1.0, True), (-2.0, False)]
-                               ) == {"acc": 1.0, "acc_norm": 1.0}  # users' pairs: no corruption type to break down
-    results = {"samples": {"llmpipe_answers": [
-        {"doc_id": i, "doc": {"prompt": f"p{i}", "reference": "r"}, "filtered_resps": [f"a{i}"]} for i in (2, 0, 1)],
-        "llmpipe_sft_chat": [{"doc_id": 0, "doc": {}, "filtered_resps": [(-1.0, False)]}]}}
-    assert first_answers(results, limit=2) == [{"task": "llmpipe_answers", "prompt": "p0", "answer": "a0"},
-                                               {"task": "llmpipe_answers", "prompt": "p1", "answer": "a1"}]
 
 
 # --- lm-eval options per task ---------------------------------------------------------------------------------

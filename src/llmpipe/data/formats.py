@@ -15,16 +15,15 @@ Preference shapes (``data.local.preference_format`` / ``data.hf_preference.forma
   prompt's turns at their start (whole conversations) lose them;
 - ``implicit_prompt``: `chosen` and `rejected` as whole conversations; the prompt is the turns they share at the
   start (TRL's implicit prompt);
-- ``unpaired``: `prompt`, `completion` and a desirable/undesirable `label` (TRL's unpaired preference, which
-  ``dpo.method: kto`` reads); a label is true/false, 1/0 or the text "true"/"false"/"1"/"0".
+- ``unpaired``: `prompt`, `completion`, `label` (desirable: true/false, 1/0, "true"/"false"): TRL's, for KTO.
 
 An SFT record becomes ``{"messages", "name", "source"}``, a pair ``{"prompt", "chosen", "rejected",
-"corruption": "none", "name", "source"}``, an unpaired record ``{"prompt", "completion", "label", "name", "source"}``
-(a boolean label) with message lists (a string prompt is a user turn, a string answer an
-assistant turn). Roles other than system/user/assistant (e.g. `tool`) are kept: the chat template renders them
-with their role, outside the loss. Turns after an SFT conversation's last assistant turn are dropped (nothing is
-learned from them). A record whose response is empty — no assistant turn, or one with only whitespace; in a
-pair, either answer — is left out and counted, with a warning naming the first; every record empty is an error.
+"corruption": "none", "name", "source"}``, an unpaired record ``{"prompt", "completion", "label": bool, "name",
+"source"}``, with message lists (a string prompt is a user turn, a string answer an assistant turn). Roles other
+than system/user/assistant (e.g. `tool`) are kept: the chat template renders them with their role, outside the
+loss. Turns after an SFT conversation's last assistant turn are dropped (nothing is learned from them). A record
+whose response is empty — no assistant turn, or one with only whitespace; in a pair, either answer — is left out
+and counted, with a warning naming the first; every record empty is an error.
 """
 
 from __future__ import annotations
@@ -58,6 +57,8 @@ PREFERENCE_SHAPES: dict[str, tuple[str, ...]] = {
     "unpaired": ("prompt", "completion", "label"),
 }
 """Preference shape → the columns it needs."""
+
+LABELS = {"true": True, "1": True, "false": False, "0": False}  # an unpaired `label` as text (any case, stripped)
 
 SHAREGPT_ROLES = {
     "human": "user",
@@ -179,8 +180,7 @@ def sft_rows(records: Records) -> Normalised:
 
 def preference_rows(records: Records) -> Normalised:
     """Pairs ``{"prompt", "chosen", "rejected", "corruption": "none", "name", "source"}`` (TRL conversational
-    preference rows) from records of any shape in :data:`PREFERENCE_SHAPES`; from the ``unpaired`` shape, TRL's
-    unpaired rows ``{"prompt", "completion", "label", "name", "source"}``.
+    preference rows) from records of any shape in :data:`PREFERENCE_SHAPES`; unpaired rows from ``unpaired``.
 
     Raises:
         UserError: The shape cannot be told (see :func:`detect_shape`), a record is malformed or has a label that is
@@ -367,20 +367,15 @@ def _explicit_prompt(values: dict[str, Any], where: str) -> Pair:
     return prompt, chosen, rejected
 
 
-LABELS = {"true": True, "1": True, "false": False, "0": False}
-"""The texts an unpaired record's `label` may be (any case, surrounding whitespace aside), beside true/false and 1/0."""
-
-
 def _label(value: Any, where: str) -> bool:
     """An unpaired record's `label` as a bool: true/false, 1/0, or a text of :data:`LABELS`."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in LABELS:
-        return LABELS[value.strip().lower()]
-    raise UserError(f"{where}: `label` must be true (desirable) or false (undesirable), 1/0 or the text \"true\"/"
-                    f"\"false\"; got {_show(value)}")
+    text = value.strip().lower() if isinstance(value, str) else str(int(value)) if value in (0, 1) else None
+    if text not in LABELS:
+        raise UserError(f"{where}: `label` must be true (desirable) or false (undesirable), 1/0 or the text "
+                        f"\"true\"/\"false\"; got {_show(value)}")
+    return LABELS[text]
 
 
 def _unpaired(record: Record) -> Row:
