@@ -1,4 +1,4 @@
-"""The report card of a user's own run beside a clone's committed metrics: the README's "Fine-tune your own model"
+"""The report card of a user's own run beside a clone's committed metrics: docs/finetune.md's one params change
 (a local model, LoRA SFT and DPO on the user's files, three evaluations, then `llm-train --task report`) run
 through the real CLI on a tiny model built here, with the repository's committed files of the default run in
 metrics/. The card and the headline show only what this run produced, and grade it in the words of the user's data."""
