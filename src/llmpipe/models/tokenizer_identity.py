@@ -29,7 +29,7 @@ def tokenizer_digest(tokenizer) -> dict[str, str]:
         ``vocab`` (the backend's model — vocabulary and merges — normalizer, pre-tokenizer and added tokens;
         for a tokenizer without a `tokenizers` backend, its vocabulary), ``special_tokens`` (bos/eos/pad/unk
         text and ids), ``chat_template``, and ``probe``: the ids of :data:`PROBE` encoded plain and as a
-        user + assistant chat.
+        user + assistant chat. The chat template is hashed without ``{% generation %}`` tags, which render nothing.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
@@ -43,8 +43,11 @@ def tokenizer_digest(tokenizer) -> dict[str, str]:
     if tokenizer.chat_template:
         chat = [{"role": "user", "content": PROBE}, {"role": "assistant", "content": PROBE}]
         probe.append(tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"])
-    return {"vocab": _sha(vocab), "special_tokens": _sha(special), "chat_template": _sha(tokenizer.chat_template),
-            "probe": _sha(probe)}
+    from llmpipe.data.chat_turns import plain_template
+
+    # the plain template: model folders are saved without the training-only {% generation %} tags (saved_folder)
+    return {"vocab": _sha(vocab), "special_tokens": _sha(special),
+            "chat_template": _sha(plain_template(tokenizer.chat_template)), "probe": _sha(probe)}
 
 
 def check_same_tokenizer(model_dir: str | Path, tokenizer, tokenizer_dir: str | Path, fix: str | None = None,
@@ -88,6 +91,12 @@ def check_same_tokenizer(model_dir: str | Path, tokenizer, tokenizer_dir: str | 
     own = tokenizer_digest(AutoTokenizer.from_pretrained(model_dir))
     ours = tokenizer_digest(tokenizer)
     differ = [k for k in ours if own[k] != ours[k]]
+    if differ == ["special_tokens"]:  # a chat stage's folder names the end-of-turn token as its eos (saved_folder)
+        from llmpipe.models.saved_folder import saved_as, turn_eos
+
+        if (eot := turn_eos(tokenizer)) is not None:
+            with saved_as(tokenizer, eot):
+                differ = [k for k, v in tokenizer_digest(tokenizer).items() if own[k] != v]
     if differ:
         raise UserError(f"{model_dir} and {tokenizer_dir} are different tokenizers (they differ in: "
                         f"{', '.join(differ)}): {model_dir} was trained with another tokenizer or chat template; {fix}")

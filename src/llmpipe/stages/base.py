@@ -176,7 +176,8 @@ class TrainerStage(ABC):
             callbacks.append(adapters.adalora_callback())
         trainer = self.make_trainer(model, self.config(run.path), train, valid, callbacks)
         counts |= self.check_trainer(trainer, len(train), len(valid))
-        metrics = train_stage(trainer, params, self.name, run, self.saved_with(), load_base=self.load_model)
+        metrics = train_stage(trainer, params, self.name, run, self.saved_with(), load_base=self.load_model,
+                              chat=True)  # every Trainer stage comes after sft or is it  # fmt: skip
         metrics.update(counts)
         metrics.update(self.extra_metrics(trainer, metrics))
         return metrics

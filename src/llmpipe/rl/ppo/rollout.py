@@ -113,7 +113,7 @@ class Rollout:
         out = policy.generate(input_ids=ids, attention_mask=prompt_mask, generation_config=config)
         policy.train()
         responses = out[:, longest:]
-        is_eos = responses == tok.eos_token_id
+        is_eos = torch.isin(responses, torch.tensor(config.eos_token_id, device=device))  # eos or end of turn
         contains_eos = is_eos.any(1)
         steps = torch.arange(responses.shape[1], device=device)
         length = torch.where(contains_eos, is_eos.int().argmax(1) + 1, responses.shape[1])
