@@ -67,6 +67,18 @@ def test_rl_metrics_first_and_last_tenth():
     assert m["frac_zero_std_groups"] == 0.25 and m["kl_final"] == 0.185
 
 
+def test_a_run_whose_every_completion_was_clipped_says_so():
+    clipped = [{"reward": 0.0, "completions/mean_length": 3.0, "frac_reward_zero_std": 1.0,
+                "completions/clipped_ratio": 1.0} for _ in range(4)]
+    warning = grpo.all_clipped(clipped, 3)
+    assert warning.startswith("grpo: every completion of all 4 logged steps was cut at "
+                              "grpo.generation.max_new_tokens (3) before its eos")
+    assert grpo.rl_metrics(clipped)["frac_clipped"] == 1.0
+    some = [*clipped[:3], {**clipped[3], "completions/clipped_ratio": 0.75}]
+    assert grpo.all_clipped(some, 3) is None and grpo.rl_metrics(some)["frac_clipped"] == pytest.approx(0.9375)
+    assert grpo.all_clipped([{"train_loss": 0.1}], 3) is None
+
+
 @pytest.mark.slow
 def test_grpo_stage_trains_every_parameter(tiny_sft, monkeypatch):
     monkeypatch.chdir(tiny_sft)
@@ -86,7 +98,7 @@ def test_grpo_stage_trains_every_parameter(tiny_sft, monkeypatch):
     unchanged = [n for n, p in saved.named_parameters() if p.equal(initial[n])]
     assert unchanged == [], f"parameters that did not train: {unchanged}"
     for key in ("reward_first", "reward_last", "response_length_first", "response_length_last", "kl_final",
-                "frac_zero_std_groups", "eval_reward"):
+                "frac_zero_std_groups", "frac_clipped", "eval_reward"):
         assert math.isfinite(metrics[key]), key
 
 

@@ -25,6 +25,7 @@ from user_models import (
 )
 
 from llmpipe.config import parse_params
+from llmpipe.config.loading import shadowed_train_keys
 from llmpipe.core.errors import UserError
 from llmpipe.models import build_model, init_model, load_model, load_tokenizer
 from llmpipe.models.source import weights_dir
@@ -177,6 +178,17 @@ def test_params_refuse_what_would_be_ignored_or_impossible(raw, message):
         parse_params(raw)
 
 
+def test_sft_by_hand_before_the_pointer_exists_says_to_run_pretrain_which_trains_nothing(tmp_path):
+    from llmpipe.stages.sft import SFT
+
+    params = parse_params({"paths": {"models": str(tmp_path / "models")}, "model": {"init_from": "my/model"},
+                           "data": {"source": "local", "local": {"sft": "a.json"}}, "pretrain": {"enabled": False}})
+    with pytest.raises(UserError, match=r"models/pretrain: no model there; pretrain\.enabled is false, so the pretrain "
+                                        r"stage writes there only a pointer to model\.init_from \(my/model\), in "
+                                        r"seconds: run `llm-train --task pretrain` \(or dvc repro pretrain\) first"):
+        SFT(params).load_model()
+
+
 def test_no_pretraining_text_is_needed_when_nothing_is_pretrained():
     params = parse_params({"data": {"source": "local", "local": {"sft": "a.json"}},
                            "model": {"init_from": "m"}, "pretrain": {"enabled": False}})
@@ -194,3 +206,5 @@ def test_the_fine_tune_guides_example_validates():
     example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", guide, re.S).group(1))
     params = parse_params(merged_params(ROOT, example))
     assert not params.model.scratch and not params.pretrain.enabled and params.data.local.pretrain is None
+    assert not shadowed_train_keys(merged_params(ROOT, example)), "a train: key of the example that no stage reads"
+    assert params.sft.per_device_train_batch_size == params.dpo.per_device_train_batch_size == 4

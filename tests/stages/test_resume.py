@@ -286,22 +286,35 @@ def test_newest_is_the_most_recently_finished_whole_checkpoint(tmp_path):
     assert newest_whole(tmp_path) == tmp_path / "checkpoint-5"
 
 
+def test_the_resume_command_of_a_hand_run_names_the_folder_it_wrote_to():
+    from llmpipe.cli import resume_command
+
+    assert resume_command(["--task", "sft", "--lr", "1e-4"], "runs/sft-20261204-101500") == (
+        "llm-train --task sft --lr 1e-4 --output-dir runs/sft-20261204-101500")  # again without it: a new folder
+    assert resume_command(["--task", "sft", "--restart", "--output-dir=my run"], "my run") == (
+        "llm-train --task sft '--output-dir=my run'")
+    assert resume_command(["--task", "sft"], None) == "llm-train --task sft"
+
+
 @pytest.mark.slow
 def test_ctrl_c_says_how_to_resume(stagedir, tmp_path):
-    """SIGINT (Ctrl-C) after a checkpoint: exit 130 with one line saying the same command resumes, no traceback."""
-    root = tmp_path / "interrupted"
-    cmd = [sys.executable, "-m", "llmpipe.cli", "--task", "pretrain", "--output-dir", str(root), "--steps-per-epoch",
-           "5000"]  # fmt: skip
+    """SIGINT (Ctrl-C) after a checkpoint of a hand run with overrides: exit 130 with one line giving the command
+    that resumes it (with the run folder it wrote to), no traceback."""
+    cmd = [sys.executable, "-m", "llmpipe.cli", "--task", "pretrain", "--steps-per-epoch", "5000"]
+    earlier = set(stagedir.glob("runs/pretrain-*"))
     # A shell that starts a job in the background (as CI runners and `make … &` do) ignores SIGINT in it, and
     # Python installs no KeyboardInterrupt handler then: give the child a terminal's default disposition.
     proc = subprocess.Popen(cmd, cwd=stagedir, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
-    while not list(root.glob("checkpoints/pretrain/*/checkpoint-*/trainer_state.json")):
+    while not (done := [c for c in stagedir.glob("runs/pretrain-*/checkpoints/pretrain/*/checkpoint-*/trainer_state.json")
+                        if c.parents[4] not in earlier]):
         assert proc.poll() is None and time.time() < deadline, "no checkpoint before the end"
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
-    assert "llm-train: interrupted; run the same command again to resume pretrain from its newest checkpoint" in err
+    root = done[0].parents[4].relative_to(stagedir)  # runs/pretrain-<time>
+    assert (f"llm-train: interrupted; run `llm-train --task pretrain --steps-per-epoch 5000 --output-dir {root}` to "
+            "resume pretrain from its newest checkpoint") in err
     assert "Traceback" not in err

@@ -73,8 +73,13 @@ class TrainerStage(ABC):
 
     @property
     def missing_base(self) -> str:
-        """The fix when the input model folder is missing: the stage that writes it."""
-        return f"run the {self.base.name} stage first (dvc repro {self.base.name})"
+        """The fix when the input model folder is missing: the stage that writes it, and the command that runs it."""
+        stage = self.base.name
+        if stage == "pretrain" and not self.params.pretrain.enabled:  # it trains nothing: a pointer, in seconds
+            return ("pretrain.enabled is false, so the pretrain stage writes there only a pointer to model.init_from "
+                    f"({self.params.model.init_from}), in seconds: run `llm-train --task pretrain` (or dvc repro "
+                    "pretrain) first")
+        return f"run the {stage} stage first (dvc repro {stage})"
 
     # --- hooks: what a stage states -------------------------------------------------------------------------------
 

@@ -105,8 +105,9 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
         the ppo stage's), ``kl_final`` (mean per-token KL to the reference over the last 10%, nats; only when
         ``beta`` > 0), and
         ``frac_zero_std_groups``: the mean share of groups whose rewards were all equal (TRL's
-        ``frac_reward_zero_std``; with ``scale_rewards: batch`` TRL measures the whole batch instead).
-        Empty when no training step was logged.
+        ``frac_reward_zero_std``; with ``scale_rewards: batch`` TRL measures the whole batch instead), and
+        ``frac_clipped``: the mean share of completions cut at ``grpo.generation.max_new_tokens`` before their eos
+        (TRL's ``completions/clipped_ratio``). Empty when no training step was logged.
     """
     rows = [r for r in log_history if "reward" in r]
     if not rows:
@@ -122,10 +123,25 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
         "response_length_last": lengths.last,
         "frac_zero_std_groups": statistics.fmean(r["frac_reward_zero_std"] for r in rows),
     }
+    clipped = [r["completions/clipped_ratio"] for r in rows if r.get("completions/clipped_ratio") is not None]
+    if clipped:
+        metrics["frac_clipped"] = statistics.fmean(clipped)
     kls = [r["kl"] for r in rows if r.get("kl") is not None]
     if kls:
         metrics["kl_final"] = first_last_tenths(kls).last
     return {k: round(v, 5) for k, v in metrics.items() if math.isfinite(v)}  # DVC metrics must be numbers
+
+
+def all_clipped(log_history: list[dict[str, float]], max_new_tokens: int) -> str | None:
+    """The warning for a run in which every completion of every logged step was cut at `max_new_tokens` before
+    its eos (TRL's ``completions/clipped_ratio`` 1.0 throughout), else None: the rewards then scored cut-off text
+    only, and the policy never learned from an answer it finished."""
+    ratios = [r["completions/clipped_ratio"] for r in log_history if "completions/clipped_ratio" in r]
+    if not ratios or min(ratios) < 1.0:
+        return None
+    return (f"grpo: every completion of all {len(ratios)} logged steps was cut at grpo.generation.max_new_tokens "
+            f"({max_new_tokens}) before its eos (completions/clipped_ratio 1.0): the rewards scored cut-off text only; "
+            "raise grpo.generation.max_new_tokens, or start from a policy that ends its answers (sft)")
 
 
 class GRPO(TrainerStage):
@@ -170,7 +186,10 @@ class GRPO(TrainerStage):
         return trainer
 
     def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
-        """:func:`rl_metrics` and ``eval_reward``; warns when most groups gave no gradient."""
+        """:func:`rl_metrics` and ``eval_reward``; warns when most groups gave no gradient, and when every
+        completion was clipped (:func:`all_clipped`)."""
+        if clipped := all_clipped(trainer.state.log_history, self.cfg.generation.max_new_tokens):
+            log.warning(clipped)
         extra = rl_metrics(trainer.state.log_history)
         final = [r for r in trainer.state.log_history if "eval_reward" in r]
         if final:
