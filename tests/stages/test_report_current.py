@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, TINY_PARAMS
-from test_init_from import STEPS, user_data
-from user_models import QWEN_TEMPLATE, chat_tokenizer, save_user_model
+from user_models import QWEN_TEMPLATE, STEPS, chat_tokenizer, save_user_model, user_data
 
 from llmpipe import cli
 from llmpipe.config.identity import IDENTITY_KEY
