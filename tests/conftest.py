@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmpipe import stages
+from llmpipe.config import stages as registry
 from llmpipe.orchestration import scratch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def tiny_sft(workdir) -> Path:
     return workdir
 
 
-TRAINING_AND_DATA_STAGES = set(stages.DVC_STAGES) - {"evaluate"}
+TRAINING_AND_DATA_STAGES = set(registry.DVC_STAGES) - {"evaluate"}
 SHIPPED_STAGES = TRAINING_AND_DATA_STAGES | {
     f"evaluate@{m}" for m in yaml.safe_load((ROOT / "params.yaml").read_text())["eval"]["models"]
 }

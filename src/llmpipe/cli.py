@@ -11,25 +11,27 @@ import argparse
 import logging
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from llmpipe import stages
+from llmpipe.config import stages as registry
 from llmpipe.core.errors import UserError
 
 log = logging.getLogger("llmpipe")
 
 
 def _parser() -> argparse.ArgumentParser:
-    tasks = "\n".join(f"  {name:<10} {desc}" for name, desc in ((n, s.description) for n, s in stages.REGISTRY.items()))
+    tasks = "\n".join(f"  {name:<10} {s.description}" for name, s in registry.REGISTRY.items())
     p = argparse.ArgumentParser(
         prog="llm-train",
         description="Run one llmpipe stage (--task NAME), or one of the commands listed below.",
         epilog=f"registered tasks:\n{tasks}\n  lm         alias of pretrain\n"
         "  stream_lm  alias of pretrain that requires data.streaming: true\n\n"
-        "commands: llm-train {chat,generate,inspect,plot-lr,intermediate-size,params-reference} …  (llm-train COMMAND --help)",
+        "commands: llm-train {chat,generate,inspect,plot-lr,intermediate-size,params-reference,dvc-yaml} …  (llm-train COMMAND --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", help="stage to run (see below)")
@@ -88,9 +90,10 @@ def overrides_from_args(args: argparse.Namespace, task: str) -> dict[str, Any]:
         out[f"{task}.precision"] = "auto" if args.amp else "fp32"
     if args.compile is not None:
         out["distributed.torch_compile"] = args.compile
-    if out and task not in stages.TRAINING_TASKS:
+    if out and task not in registry.TRAINING_TASKS:
         flags = ", ".join(k.split(".")[-1] for k in out)
-        raise UserError(f"--task {task} does not train; training overrides ({flags}) apply to {stages.TRAINING_TASKS}")
+        raise UserError(f"--task {task} does not train; training overrides ({flags}) apply to "
+                        f"{registry.TRAINING_TASKS}")
     return out
 
 
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.list_presets:
-        from llmpipe.data.presets import listing
+        from llmpipe.config.presets import listing
 
         print(listing())
         return 0
@@ -135,10 +138,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llm-train: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        again = "the same command without --restart" if args.restart else "the same command"
-        print(f"llm-train: interrupted; run {again} again to resume {args.task} from its newest checkpoint",
-              file=sys.stderr)  # fmt: skip
+        print(f"llm-train: interrupted; run `{resume_command(argv, args.output_dir)}` to resume {args.task} from its "
+              "newest checkpoint", file=sys.stderr)  # fmt: skip
         return 130
+
+
+def resume_command(argv: list[str], output_dir: str | None) -> str:
+    """The command that resumes an interrupted run of `argv`: the same one without ``--restart``, and for a hand run
+    with overrides, with the ``--output-dir`` it wrote to (run again without it, it would start a new
+    ``runs/<task>-<time>/`` folder, whose checkpoints are none)."""
+    words = [a for a in argv if a != "--restart"]
+    if output_dir and not any(a == "--output-dir" or a.startswith("--output-dir=") for a in words):
+        words += ["--output-dir", output_dir]
+    return shlex.join(["llm-train", *words])
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -149,15 +161,16 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from llmpipe.train.checkpoints import ResumeRequest, describe_runs
 
     try:
-        task = stages.resolve(args.task)
+        task = registry.resolve(args.task)
     except ValueError as err:
         raise UserError(str(err)) from None
     overrides = overrides_from_args(args, task)
     if overrides or args.output_dir:
         root = args.output_dir or str(Path("runs", f"{task}-{time.strftime('%Y%m%d-%H%M%S')}"))
         overrides["paths.output_root"] = root
-        if not args.output_dir:  # a relaunched copy of this command must write to the same folder
+        if not args.output_dir:  # a relaunched copy of this command must write to the same folder, and a resume
             argv = [*argv, "--output-dir", root]
+            args.output_dir = root
         log.info("hand run with overrides %s: writing under %s", overrides, root)
     try:
         params = load_params(args.config_path, overrides)
@@ -172,9 +185,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     # also under --list-checkpoints, which then checks a whole params edit without training
     kwargs: dict[str, Any] = {}
     if args.resume_from or args.restart or args.list_checkpoints:
-        if task not in stages.TRAINING_TASKS:
+        if task not in registry.TRAINING_TASKS:
             raise UserError(
-                f"--resume-from, --restart and --list-checkpoints apply to {stages.TRAINING_TASKS}, not {task}"
+                f"--resume-from, --restart and --list-checkpoints apply to {registry.TRAINING_TASKS}, not {task}"
             )
         if args.resume_from and args.restart:
             raise UserError("--resume-from and --restart contradict each other: give one")
@@ -189,17 +202,20 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     elif args.model:
         raise UserError(f"--model applies to --task evaluate only, not {task}")
     if args.trust_remote_code:  # stays in argv, so a copy relaunched under accelerate launch trusts the same
-        if task not in stages.LOADING_TASKS:
+        if task not in registry.LOADING_TASKS:
             raise UserError(f"--trust-remote-code: --task {task} loads no model or tokenizer; drop the flag")
         kwargs["trust_remote_code"] = True
-    if task in stages.DISTRIBUTED_TASKS and needs_launch(params.distributed) and not under_launcher():
+    if task in registry.DISTRIBUTED_TASKS and needs_launch(params.distributed) and not under_launcher():
         relaunch(params, task, argv)  # does not return: the same command, under accelerate launch
     run = stages.runner(task)
     start = time.perf_counter()
     metrics = dict(run(params, **kwargs))
     metrics["wall_time_s"] = round(time.perf_counter() - start, 3)
     if is_main_process():
+        from llmpipe.config.identity import IDENTITY_KEY, run_identity
+
         path = metrics_path(params, task, args.model)
+        metrics[IDENTITY_KEY] = run_identity(params, task, args.model)  # the report leaves out files of other runs
         write_json(path, metrics)
         log.info("%s done in %.1f s; metrics in %s", task, metrics["wall_time_s"], path)
     finish()  # every rank of a multi-process run leaves together

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmpipe import stages
 from llmpipe.config import ModelParams, parse_params
+from llmpipe.config import stages as registry
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import write_jsonl
 from llmpipe.models import build_model, load_tokenizer, save_model
@@ -125,7 +125,7 @@ def test_pad_token_equal_to_eos_or_missing_is_refused_naming_the_tokenizer(root,
 
 
 def test_model_dir_with_another_tokenizer_or_chat_template_is_refused(root, tmp_path):
-    from llmpipe.tokenizer_identity import check_same_tokenizer
+    from llmpipe.models.tokenizer_identity import check_same_tokenizer
 
     tok = load_tokenizer(root / "artifacts" / "tokenizer")
     check_same_tokenizer(root / "models" / "sft", tok, root / "artifacts" / "tokenizer")  # the same: passes
@@ -143,7 +143,7 @@ def test_model_dir_with_another_tokenizer_or_chat_template_is_refused(root, tmp_
         check_same_tokenizer(root / "models" / "sft", templated, "edited")
 
 
-@pytest.mark.parametrize("stage", [s for s in stages.TRAINING_TASKS if s != "pretrain"])  # pretrain builds its model
+@pytest.mark.parametrize("stage", [s for s in registry.TRAINING_TASKS if s != "pretrain"])  # pretrain builds its model
 def test_every_stage_refuses_an_input_model_trained_with_another_tokenizer(in_root, tmp_path, stage):
     """paths.tokenizer now names another tokenizer than the one models/<input> was trained with."""
     write_preference(in_root, [pair(*f[:3], "    pass") for f in FUNCTIONS], [pair(*FUNCTIONS[0][:3], "    pass")])

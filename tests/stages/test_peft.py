@@ -91,6 +91,12 @@ def test_method_trains_its_own_parameters_only(peftdir, case, monkeypatch):
         return
     adapter_dir = out / "models" / "sft" / ("adapter" if cfg.merge else "")
     assert (adapter_dir / "adapter_model.safetensors").exists() and (adapter_dir / "adapter_config.json").exists()
+    if cfg.merge:  # the merged model saved is the trained one: scored on the held-out batches after the save
+        assert metrics["merge_scored_tokens"] > 0 and metrics["merge_logits_max_abs_diff"] < 1e-4
+        assert abs(metrics["eval_loss_merged"] - metrics["eval_loss_trained"]) < 1e-5
+        assert "eval_loss_4bit" not in metrics, "full-precision LoRA: eval_loss is the trainer's own"
+    else:
+        assert "merge_logits_max_abs_diff" not in metrics, "nothing merged, nothing to compare"
     set_seed(params.sft.seed)  # the adapter's initial values, as the stage drew them
     fresh = get_peft_model(load_model(peftdir / "models" / "pretrain", ""), peft_config(cfg, "CAUSAL_LM", 3))
     initial = {n: p.detach().clone() for n, p in fresh.named_parameters() if p.requires_grad}
@@ -152,9 +158,9 @@ def test_lora_sft_then_dpo_changes_only_adapters_with_one_base_copy(peftdir, mon
 
 @pytest.mark.slow
 def test_unmerged_adapter_is_what_later_stages_and_evaluation_load(peftdir, monkeypatch):
-    from llmpipe.adapter_folders import model_config
     from llmpipe.evaluation import harness
     from llmpipe.models import check_model_dir
+    from llmpipe.models.folders import model_config
 
     monkeypatch.chdir(peftdir)
     params = stage_params(peftdir, "unmerged", sft={"peft": {"method": "lora", "r": 4, "merge": False}})

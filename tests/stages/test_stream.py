@@ -271,7 +271,7 @@ def _batch_digests(root: Path, rank: int, world: int, steps: int, batch: int) ->
 
 def test_list_presets_prints_each_hub_address(capsys):
     from llmpipe.cli import main
-    from llmpipe.data.presets import PRESETS
+    from llmpipe.config.presets import PRESETS
 
     assert main(["--list-presets"]) == 0
     out = capsys.readouterr().out

@@ -71,6 +71,7 @@ def profiled_pretrain(workdir, tmp_path_factory):
     raw["paths"] = {"data": str(workdir / "data"), "tokenizer": str(workdir / "artifacts" / "tokenizer"),
                     "output_root": str(out)}  # fmt: skip
     raw["profile"] = {"enabled": True, "wait": 1, "warmup": 1, "active": 2}
+    raw.setdefault("pretrain", {})["num_eval_prompts"] = 0  # no samples: the stage must still run (it once crashed)
     params = parse_params(raw)
     return out, pretrain.run(params)
 
@@ -86,6 +87,7 @@ def test_training_logs_tokens_per_s_and_peak_memory(profiled_pretrain):
     assert "mfu" not in rows[0], "no datasheet peak on CPU: no mfu column at all, not zeros"
     assert metrics["tokens_per_s"] > 0 and metrics["peak_memory_gb"] >= float(rows[-1]["peak_memory_gb"])
     assert "mfu" not in metrics
+    assert (out / "logs" / "pretrain" / "samples.jsonl").read_text() == "", "num_eval_prompts 0: no samples"
 
 
 @pytest.mark.slow

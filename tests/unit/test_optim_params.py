@@ -91,3 +91,18 @@ def test_muon_is_refused_under_a_sharding_strategy():
     with pytest.raises(UserError, match=r"sft\.optim: muon .* distributed\.strategy fsdp; use ddp or none"):
         check_optimizer("muon", "sft.optim", "fsdp")
     check_optimizer("muon", "sft.optim", "ddp")
+
+
+def test_liger_is_refused_where_it_cannot_act():
+    # ppo's own loop is refused on any machine; the name is the stage's own key, whether set there or inherited
+    with pytest.raises(UserError, match=r"ppo\.use_liger_kernel: ppo trains in a loop of its own"):
+        check_device_params(parse_params({"ppo": {"use_liger_kernel": True}}), "ppo")
+    with pytest.raises(UserError, match=r"train\.use_liger_kernel: ppo trains in a loop of its own"):
+        check_device_params(parse_params({"train": {"use_liger_kernel": True}}), "ppo")
+    check_device_params(parse_params({"ppo": {"use_liger_kernel": True}}), "sft")  # sft does not inherit ppo's
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_liger_without_a_gpu_is_refused_before_work():
+    with pytest.raises(UserError, match=r"sft\.use_liger_kernel: Liger's kernels are Triton kernels for CUDA GPUs"):
+        check_device_params(parse_params({"sft": {"use_liger_kernel": True}}), "sft")

@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 from conftest import ROOT
 
-from llmpipe import stages
 from llmpipe.config import Params, parse_params
+from llmpipe.config import stages as registry
 
 NOT_COMPARED: frozenset[str] = frozenset()
 """Dotted keys whose code default deliberately differs from the shipped file, each with its reason in a comment.
@@ -31,7 +31,7 @@ def test_code_defaults_are_the_shipped_params():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     shipped = leaves(parse_params(raw).model_dump())  # stage sections after the `train` merge
     code = leaves(Params().model_dump())
-    missing = [s for s in ("train", *stages.TRAINING_TASKS) if s not in raw]
+    missing = [s for s in ("train", *registry.TRAINING_TASKS) if s not in raw]
     assert not missing, f"params.yaml has no section for {missing}: add one (with every key whose value is its own)"
     differ = [
         f"{key}: params.yaml {shipped[key]!r}, code {code[key]!r}"

@@ -16,8 +16,8 @@ from peft_cells import CELLS, METHODS, OPTIMS, refusal
 
 from llmpipe.cli import main
 from llmpipe.config import ParamsError, parse_params
+from llmpipe.config.stages import ADAPTER_TASKS
 from llmpipe.core.errors import UserError
-from llmpipe.stages import ADAPTER_TASKS
 from llmpipe.train.arguments import check_device_params
 
 

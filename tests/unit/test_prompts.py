@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from llmpipe.core.errors import UserError
+from llmpipe.data.formats import prompt_turns
 from llmpipe.models import load_tokenizer
-from llmpipe.rl.prompts import load_prompts, prompt_turns
+from llmpipe.rl.prompts import load_prompts
 from llmpipe.stages import grpo
 
 SYSTEM = {"role": "system", "content": "You write Python function bodies."}

@@ -2,42 +2,79 @@
 
 from __future__ import annotations
 
-import pytest
+import ast
 
-from llmpipe import stages
-from llmpipe.config import Params, TrainParams, parse_params
+import pytest
+from conftest import ROOT
+
+from llmpipe.config import EvalParams, Params, ParamsError, TrainParams, parse_params
+from llmpipe.config import stages as registry
 
 
 def test_every_training_stage_has_its_section_in_params():
-    for name in stages.TRAINING_TASKS:
+    for name in registry.TRAINING_TASKS:
         field = Params.model_fields.get(name)
-        assert field is not None, f"add `{name}: {stages.REGISTRY[name].section.__name__}` to Params (config/params.py)"
-        assert field.annotation is stages.REGISTRY[name].section, f"Params.{name} is not the registry's section class"
+        section = registry.REGISTRY[name].section.__name__
+        assert field is not None, f"add `{name}: {section}` to Params (config/params.py)"
+        assert field.annotation is registry.REGISTRY[name].section, f"Params.{name} is not the registry's section class"
 
 
 def test_every_section_that_inherits_train_is_a_registered_training_stage():
     inheriting = {n for n, f in Params.model_fields.items() if n != "train" and issubclass(f.annotation, TrainParams)}
-    assert inheriting == set(stages.TRAINING_TASKS), (
-        f"register {sorted(inheriting - set(stages.TRAINING_TASKS))} as training stages in llmpipe/stages/__init__.py"
+    assert inheriting == set(registry.TRAINING_TASKS), (
+        f"register {sorted(inheriting - set(registry.TRAINING_TASKS))} as training stages in llmpipe/config/stages.py"
     )
 
 
-@pytest.mark.parametrize("name", stages.TRAINING_TASKS)
+@pytest.mark.parametrize("name", registry.TRAINING_TASKS)
 def test_training_sections_inherit_train(name):
     params = parse_params({"train": {"lr": 0.123, "seed": 7}})
     assert params.stage(name).lr == 0.123 and params.stage(name).seed == 7
 
 
 def test_derived_lists_follow_the_registry():
-    kinds = {name: s.kind for name, s in stages.REGISTRY.items()}
-    assert set(stages.TRAINING_TASKS) == {n for n, k in kinds.items() if k == "training"}
-    assert "regression" not in stages.DVC_STAGES and "evaluate" in stages.DVC_STAGES
-    assert set(stages.METRICS_STAGES) == {n for n, k in kinds.items() if k in ("data", "training")}
-    assert stages.resolve("lm") == "pretrain"
+    kinds = {name: s.kind for name, s in registry.REGISTRY.items()}
+    assert set(registry.TRAINING_TASKS) == {n for n, k in kinds.items() if k == "training"}
+    assert "regression" not in registry.DVC_STAGES and "evaluate" in registry.DVC_STAGES
+    assert set(registry.METRICS_STAGES) == {n for n, k in kinds.items() if k in ("data", "training")}
+    assert registry.resolve("lm") == "pretrain"
     with pytest.raises(ValueError, match="registered tasks"):
-        stages.resolve("nope")
+        registry.resolve("nope")
 
 
 def test_input_paths_resolve_params_templates():
     params = parse_params({"grpo": {"policy": "dpo"}, "paths": {"models": "m"}})
-    assert [str(p) for p in stages.input_paths("grpo", params)] == ["data/sft", "artifacts/tokenizer", "m/dpo"]
+    assert [str(p) for p in registry.input_paths("grpo", params)] == ["data/sft", "artifacts/tokenizer", "m/dpo"]
+
+
+@pytest.mark.parametrize("name", registry.RL_TASKS)
+def test_an_rl_stage_gets_its_check_headline_figure_and_evaluation_from_its_traits(name):
+    from llmpipe.evaluation.checks import run_checks
+    from llmpipe.stages.report import RL_KL_UNITS
+
+    assert f"check_{name}_reward_gain_se" in [c.metric for c in run_checks({}, {})]
+    assert (f"{name}_reward", "stage", name, "eval_reward") in registry.HEADLINE
+    assert RL_KL_UNITS[name] == registry.REGISTRY[name].kl_unit  # its RL figure and the report's RL table
+    assert name in EvalParams().models and registry.REGISTRY[name].best_metric == ("eval_reward", True)
+
+
+def test_a_verifiable_rl_stage_gets_the_generation_check_and_headline():
+    from llmpipe.evaluation.checks import run_checks
+
+    for name in registry.VERIFIABLE_TASKS:
+        assert f"check_{name}_generation_score_delta" in [c.metric for c in run_checks({}, {})]
+        assert {f"{name}_gen_score", f"{name}_distinct"} <= {key for key, *_ in registry.HEADLINE}
+
+
+def test_group_rules_name_each_grouped_section():
+    for name in registry.GROUPED_TASKS:
+        with pytest.raises(ParamsError, match=rf"{name}\.loss_type luspo .*{name}\.importance_sampling_level"):
+            parse_params({name: {"loss_type": "luspo"}})
+
+
+@pytest.mark.parametrize("name", registry.REGISTRY)
+def test_every_registered_stage_has_its_module_with_run(name):
+    path = ROOT / "src" / "llmpipe" / "stages" / f"{name}.py"
+    assert path.is_file(), f"add src/llmpipe/stages/{name}.py with run(params, ...) (docs/ARCHITECTURE.md)"
+    functions = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+    assert "run" in functions, f"src/llmpipe/stages/{name}.py: add run(params, ...), the function its task calls"

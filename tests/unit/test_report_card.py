@@ -33,8 +33,8 @@ def test_grpo_check_needs_the_gain_and_two_standard_errors():
     def gen(score: float, stderr: float) -> dict[str, float]:
         return {"llmpipe_generation.score": score, "llmpipe_generation.score_stderr": stderr}
 
-    assert checks.grpo_vs_sft({"sft": gen(0.1, 0.01), "grpo": gen(0.3, 0.01)}).passed is True
-    assert checks.grpo_vs_sft({"sft": gen(0.1, 0.05), "grpo": gen(0.2, 0.05)}).passed is False  # 1.4 s.e.
+    assert checks.generation_gain({"sft": gen(0.1, 0.01), "grpo": gen(0.3, 0.01)}, "grpo").passed is True
+    assert checks.generation_gain({"sft": gen(0.1, 0.05), "grpo": gen(0.2, 0.05)}, "grpo").passed is False  # 1.4 s.e.
 
 
 def test_reward_check_needs_two_binomial_standard_errors():
@@ -67,9 +67,9 @@ def test_headline_holds_each_stage_target_and_the_counts():
     passed = checks.Check("c", "m", 1.0, True, "")
     flagged = checks.Check("c", "m", 1.0, False, "")
     skipped = checks.Check("c", "m", None, None, "")
-    got = headline(evals, stage_metrics, [passed, flagged, skipped], [flagged])
+    got = headline(evals, stage_metrics, [passed, flagged, skipped], [flagged], 2)
     assert got == {"pretrain_bpb": 2.1235, "grpo_gen_score": 0.9, "ppo_reward": 3.3, "reward_acc": 0.65,
-                   "vlm_acc": 0.7123, "checks_passed": 1, "checks_run": 2, "costs_flagged": 1}
+                   "vlm_acc": 0.7123, "checks_passed": 1, "checks_run": 2, "costs_flagged": 1, "not_run": 2}
 
 
 def write_logs(root):

@@ -14,6 +14,7 @@ import pytest
 from bad_input_helpers import auto_map, pickled_weights
 
 from llmpipe import stages
+from llmpipe.config import stages as registry
 from llmpipe.core.errors import UserError
 
 # The shared fixtures, as names of this module so that pytest finds them.
@@ -65,6 +66,6 @@ def test_safetensors_beside_a_pickle_loads_the_safetensors(template, tmp_path):
 
 def test_every_loading_stage_takes_the_trust_flag():
     """`llm-train --trust-remote-code` passes it to exactly the tasks that load a model or tokenizer folder."""
-    for task in stages.REGISTRY:
+    for task in registry.REGISTRY:
         takes = "trust_remote_code" in inspect.signature(stages.runner(task)).parameters
-        assert takes == (task in stages.LOADING_TASKS), task
+        assert takes == (task in registry.LOADING_TASKS), task

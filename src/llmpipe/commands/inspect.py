@@ -76,6 +76,7 @@ def compare(run_dir: Path, config_path: str) -> list[str]:
     """
     from llmpipe import stages
     from llmpipe.config import load_params
+    from llmpipe.config import stages as registry
     from llmpipe.train.checkpoints import FINGERPRINT_FILE, differences, identity
 
     stored_file = run_dir / FINGERPRINT_FILE
@@ -84,7 +85,7 @@ def compare(run_dir: Path, config_path: str) -> list[str]:
     stored = json.loads(stored_file.read_text())
     stage = stored.get("stage")
     lines = [f"run        {stage}, fingerprint {run_dir.name} ({len(stored)} identity keys in {stored_file})"]
-    if stage not in stages.TRAINING_TASKS:
+    if stage not in registry.TRAINING_TASKS:
         return [*lines, f"params     not compared: {stored_file} names no training stage of this llmpipe ({stage!r})"]
     try:
         params = load_params(config_path)

@@ -8,14 +8,14 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from llmpipe import stages
+from llmpipe.config import stages as registry
 from llmpipe.core.errors import UserError, root_cause
 from llmpipe.core.io import atomic_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`llm-train plot-lr` flags."""
-    parser.add_argument("--task", required=True, choices=stages.TRAINING_TASKS, help="the training stage")
+    parser.add_argument("--task", required=True, choices=registry.TRAINING_TASKS, help="the training stage")
     parser.add_argument("--config-path", default="params.yaml", help="params file (default: params.yaml)")
     parser.add_argument("--steps", type=int,
                         help="optimizer steps of the run, needed when <task>.max_steps is -1 (a budget in epochs)")

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from llmpipe.config import presets
 from llmpipe.config.section import Section
-from llmpipe.data import presets
 
 
 class StdlibSourceParams(Section):
@@ -23,7 +23,7 @@ class StdlibSourceParams(Section):
 SFTFormat = Literal["auto", "messages", "prompt_completion", "alpaca", "sharegpt"]
 """Shapes of SFT records (`llmpipe.data.formats`); ``auto`` reads the shape from the columns."""
 
-PreferenceFormat = Literal["auto", "explicit_prompt", "implicit_prompt"]
+PreferenceFormat = Literal["auto", "explicit_prompt", "implicit_prompt", "unpaired"]
 """Shapes of preference records (`llmpipe.data.formats`); ``auto`` reads the shape from the columns."""
 
 

@@ -4,16 +4,20 @@ the file, the key path or line, and the fix (:class:`ParamsError`)."""
 from __future__ import annotations
 
 import difflib
+import logging
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from llmpipe.config.adapter_rules import stage_refusal
 from llmpipe.config.params import Params
-from llmpipe.config.peft import stage_refusal
+from llmpipe.config.stages import ADAPTER_TASKS, TRAINING_TASKS
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import decode_line
+
+log = logging.getLogger(__name__)
 
 
 class ParamsError(UserError):
@@ -70,8 +74,6 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         ParamsError: A key is unknown, a value has the wrong type or range, or a cross-field rule fails.
             The message names each key path (e.g. ``sft.lrr``) and suggests the fix.
     """
-    from llmpipe.stages import ADAPTER_TASKS, TRAINING_TASKS  # the registry imports config sections: at call time
-
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -95,7 +97,30 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         why = stage_refusal(params, name)
         if why and any(origin.get(name, {}).get(key) == name for key in why.keys):
             raise ParamsError(f"{source}: invalid params:\n  {why.message}")
+    for key, owners in shadowed_train_keys(raw).items():
+        log.warning("%s: train.%s (%r) is read by no stage: every stage that inherits it sets its own (%s); set it "
+                    "in those sections instead", source, key, train[key],
+                    ", ".join(f"{name}.{key}: {value!r}" for name, value in owners.items()))
     return params
+
+
+def shadowed_train_keys(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The keys of ``train:`` set off their default that every stage inheriting them sets in its own section, so
+    that no stage reads the ``train:`` value (a user's ``train: {per_device_train_batch_size: 4}`` under the shipped
+    sections), each with the stages' own values. Blocks (``peft:``) are left out: a stage's block may merge with
+    train's key by key; so is a value equal to the default (the shipped file lists every key, read or not)."""
+    from llmpipe.config.training import TrainParams
+
+    train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    out = {}
+    for key, value in train.items():
+        field = TrainParams.model_fields.get(key)
+        if isinstance(value, dict) or field is None or value == field.default:
+            continue
+        sections = {n: raw.get(n) for n in TRAINING_TASKS if key != "peft" or n in ADAPTER_TASKS}
+        if all(isinstance(own, dict) and key in own for own in sections.values()):
+            out[key] = {name: own[key] for name, own in sections.items()}
+    return out
 
 
 def inherit(train: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:

@@ -8,9 +8,10 @@ from llmpipe.config.data import DataParams, TokenizerParams
 from llmpipe.config.distributed import DistributedParams
 from llmpipe.config.optim import check_optim_keys
 from llmpipe.config.paths import PathsParams
-from llmpipe.config.rl import GRPOParams, PPOParams
+from llmpipe.config.rl import GRPOParams, PPOParams, check_groups_fit, check_reference_sync, check_rounds
 from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams, ReportParams
 from llmpipe.config.section import Section
+from llmpipe.config.stages import GROUPED_TASKS, TRAINING_TASKS
 from llmpipe.config.training import (
     DPOParams,
     ModelParams,
@@ -48,10 +49,16 @@ class Params(Section):
     `llmpipe.config.loading.parse_params`; private, so the schema and `model_dump` stay as users write them."""
 
     @model_validator(mode="after")
+    def _generation_rounds(self) -> Params:
+        # First, as when the rules were the section's own; here so that each grouped section is named as itself.
+        for name in GROUPED_TASKS:
+            check_rounds(name, self.stage(name))
+            check_reference_sync(name, self.stage(name))
+        return self
+
+    @model_validator(mode="after")
     def _warmup_within_max_steps(self) -> Params:
         # Here rather than in TrainParams: a section does not know its own name, and the message must say which.
-        from llmpipe.stages import TRAINING_TASKS  # the registry imports this package: import at call time
-
         for name in ("train", *TRAINING_TASKS):
             t = self.stage(name)
             if t.max_steps > 0 and t.warmup_steps > t.max_steps:
@@ -63,8 +70,6 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _optim_and_schedule_keys(self) -> Params:
-        from llmpipe.stages import TRAINING_TASKS
-
         defaults = {k: f.default for k, f in TrainParams.model_fields.items()}
         for name in ("train", *TRAINING_TASKS):
             check_optim_keys(name, self.stage(name), defaults)
@@ -104,23 +109,24 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
-    def _grpo_fits(self) -> Params:
-        g, processes = self.grpo, self.distributed.world_size
+    def _synced_reference_is_checkpointed(self) -> Params:
+        strategy = self.distributed.strategy
+        for name in GROUPED_TASKS:
+            if self.stage(name).sync_ref_model and strategy in ("fsdp", "deepspeed"):
+                raise ValueError(
+                    f"{name}.sync_ref_model under distributed.strategy {strategy}: a synced reference is saved whole "
+                    "in each checkpoint (resume needs it), which llmpipe does not do for a sharded one yet; use ddp "
+                    "or none, or sync_ref_model: false"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _groups_fit(self) -> Params:
+        processes = self.distributed.world_size
         if processes is None:  # num_processes: auto; the launcher knows the world size, GRPOConfig checks it then
             return self
-        generation_batch = g.per_device_train_batch_size * processes * g.resolved_steps_per_generation
-        if generation_batch % g.num_generations:
-            raise ValueError(
-                f"grpo: one generation round holds grpo.per_device_train_batch_size ({g.per_device_train_batch_size})"
-                f" × world size ({processes}) × grpo.steps_per_generation (default: "
-                f"gradient_accumulation_steps) = {generation_batch} completions, not a multiple of grpo.num_generations ({g.num_generations}): "
-                "every prompt's group must fit in one round"
-            )
-        if (g.per_device_eval_batch_size * processes) % g.num_generations:
-            raise ValueError(
-                f"grpo.per_device_eval_batch_size ({g.per_device_eval_batch_size}) × world size "
-                f"({processes}) must be a multiple of grpo.num_generations ({g.num_generations})"
-            )
+        for name in GROUPED_TASKS:
+            check_groups_fit(name, self.stage(name), processes)
         return self
 
     def source_of(self, stage: str, key: str) -> str:
@@ -129,7 +135,7 @@ class Params(Section):
         ``train`` or took the default (``train`` is where one value for every stage goes).
 
         Args:
-            stage: A training stage (one of `llmpipe.stages.TRAINING_TASKS`) or ``train``.
+            stage: A training stage (one of `llmpipe.config.stages.TRAINING_TASKS`) or ``train``.
             key: A field of its section.
 
         Returns:
@@ -141,5 +147,6 @@ class Params(Section):
         return f"{section}.{key}"
 
     def stage(self, name: str) -> TrainParams:
-        """The merged training params of stage `name` (one of `llmpipe.stages.TRAINING_TASKS`, or ``train`` itself)."""
+        """The merged training params of stage `name` (one of `llmpipe.config.stages.TRAINING_TASKS`, or ``train``
+        itself)."""
         return getattr(self, name)

@@ -10,14 +10,11 @@ check_device_params`), so a `train.peft` that one stage cannot take refuses that
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from llmpipe.config.section import Section
-
-if TYPE_CHECKING:
-    from llmpipe.config.params import Params
 
 PeftMethod = Literal["none", "lora", "adalora", "ia3", "prefix_tuning", "prompt_tuning", "bitfit"]
 
@@ -126,66 +123,3 @@ NOT_FOR_MUON: dict[str, str] = {
     "bitfit": "biases",
 }
 """Methods that train no weight matrix, so ``optim: muon`` would have nothing to step: what they train instead."""
-
-
-class Refusal(NamedTuple):
-    """Why a stage cannot train as its section says (:func:`stage_refusal`)."""
-
-    message: str
-    """Names the keys where the values were set and the fix."""
-    keys: frozenset[str]
-    """The section's keys the rule reads (``peft``, ``optim``): written in the stage's own section, the refusal
-    comes at load; all inherited from `train:`, when the stage runs."""
-
-
-def stage_refusal(params: Params, stage: str) -> Refusal | None:
-    """Why `stage` cannot train with its merged `peft:` and `optim`, or None.
-
-    The rules: ppo's own loop takes no virtual tokens (it reads the value model position by position), no AdaLoRA
-    (its rank schedule runs on the Trainer's optimizer-step hook) and no schedule-free optimizer (it does not switch
-    one between its training and averaged weights, as the Trainer does); reward takes no virtual tokens (peft 0.21
-    cannot prefix-tune a transformers 5 classifier, and gives a prompt-tuned one no token ids, so it scores the
-    last position, a pad in a right-padded batch); dpo's ORPO, SimPO and CPO take no prompt tuning (TRL pairs
-    their logits with the labels position by position); AdaLoRA needs a step budget; Muon needs a trainable weight
-    matrix (:data:`NOT_FOR_MUON`; LoRA of rank 1 has vectors only).
-
-    Args:
-        params: Validated params.
-        stage: An adapter stage (`llmpipe.stages.ADAPTER_TASKS`).
-    """
-    t = params.stage(stage)
-    cfg, where, optim = t.peft, params.source_of(stage, "peft"), params.source_of(stage, "optim")
-    inherited = where != f"{stage}.peft"
-    method = f"{stage}.peft.method {cfg.method}" + (f" (from {where})" if inherited else "")
-    use = (f"give {stage} a peft: block of its own with method" if inherited else f"set {stage}.peft.method to")
-    peft, both = frozenset({"peft"}), frozenset({"peft", "optim"})
-    if stage == "ppo" and cfg.method in PROMPT_LEARNING:
-        return Refusal(f"{method}: ppo's own loop reads the value model's hidden states position by position, which "
-                       f"virtual tokens would shift; {use} lora or ia3", peft)  # fmt: skip
-    if stage == "ppo" and cfg.method == "adalora":
-        return Refusal(f"{method}: its rank schedule runs on the Trainer's optimizer-step hook, which ppo's own loop "
-                       f"does not have; {use} lora or ia3", peft)  # fmt: skip
-    if stage == "ppo" and t.optim.startswith("schedule_free"):
-        return Refusal(f"{optim} {t.optim}: ppo's own loop does not switch a schedule-free optimizer between its "
-                       "training and averaged weights (the Trainer stages do); set ppo.optim to adamw_torch or muon",
-                       frozenset({"optim"}))  # fmt: skip
-    if stage == "reward" and cfg.method in PROMPT_LEARNING:
-        why = ("looks for the model's past_key_values argument, which transformers 5 calls cache, and fails"
-               if cfg.method == "prefix_tuning" else "gives the classifier no token ids, so it scores the last "
-               "position, a pad in a right-padded batch")  # fmt: skip
-        return Refusal(f"{method}: peft 0.21's virtual tokens in a sequence classifier {why}; {use} lora or ia3", peft)
-    if stage == "dpo" and cfg.method == "prompt_tuning" and t.method in ("orpo", "simpo", "cpo"):
-        return Refusal(f"{method} with dpo.method {t.method}: TRL's ORPO and CPO trainers pair the logits with the "
-                       "labels position by position, and prompt tuning's virtual tokens add positions (a size error "
-                       f"inside TRL); {use} prefix_tuning, lora or ia3, or set dpo.method to dpo or kto",
-                       frozenset({"peft", "method"}))  # fmt: skip
-    if cfg.method == "adalora" and (t.max_steps <= 0 or cfg.tinit + cfg.tfinal >= t.max_steps):
-        return Refusal(f"{method} schedules its rank budget over {stage}.max_steps: set it (> 0, now {t.max_steps}) "
-                       f"above peft.tinit + peft.tfinal ({cfg.tinit} + {cfg.tfinal})", peft)  # fmt: skip
-    rank = {"lora": cfg.r, "adalora": cfg.init_r}.get(cfg.method, 2)
-    if t.optim == "muon" and (cfg.method in NOT_FOR_MUON or rank < 2):
-        trains = NOT_FOR_MUON.get(cfg.method, "rank-1 matrices, which are vectors")
-        return Refusal(f"{optim} muon steps weight matrices, and {method} trains {trains} only, which leaves Muon "
-                       f"nothing to step; set {stage}.optim to adamw_torch (or another optimizer), or "
-                       f"{stage}.peft.method to lora (rank 2 or more), adalora or none", both)  # fmt: skip
-    return None

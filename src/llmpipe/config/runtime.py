@@ -10,6 +10,7 @@ import re
 from pydantic import Field, model_validator
 
 from llmpipe.config.section import Section
+from llmpipe.config.stages import DVC_STAGES, EVALUATED_BY_DEFAULT
 
 
 class ProfileParams(Section):
@@ -78,7 +79,7 @@ class EvalParams(Section):
     """`evaluate`: lm-evaluation-harness on each model in `models`, and the `report`."""
 
     models: list[str] = Field(
-        ["baseline", "pretrain", "sft", "dpo", "ppo", "grpo"],
+        list(EVALUATED_BY_DEFAULT),
         min_length=1,
         description="Model dirs under paths.models to evaluate.",
     )
@@ -138,10 +139,8 @@ class OrchestrationParams(Section):
 
     @model_validator(mode="after")
     def _stage_timeouts_name_stages(self) -> OrchestrationParams:
-        if not self.stage_timeout_s:  # the default, built while the registry imports this module
+        if not self.stage_timeout_s:
             return self
-        from llmpipe.stages import DVC_STAGES  # the registry imports config sections: import at call time
-
         for stage, limit in self.stage_timeout_s.items():
             if stage.partition("@")[0] not in DVC_STAGES:
                 raise ValueError(f"orchestration.stage_timeout_s.{stage}: not a stage of dvc.yaml; one of "

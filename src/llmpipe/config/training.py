@@ -114,6 +114,11 @@ class TrainParams(Section):
     max_eval_samples: MaxEvalSamples = 128
     num_samples: int | None = Field(None, gt=0, description="Train on at most this many examples (None = all).")
     dataloader_num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+    use_liger_kernel: bool = Field(
+        False,
+        description="Liger's Triton kernels (RMSNorm, SwiGLU, RoPE; fused linear cross-entropy for pretrain, where "
+        "TRL's own fused LM head does not replace it) patched into the model: a CUDA GPU and liger-kernel.",
+    )
     callbacks: list[str] = Field(
         [], description="Import paths 'package.module:Class' of llmpipe.callbacks.Callback subclasses to call."
     )
@@ -315,6 +320,17 @@ class DPOParams(TrainParams):
             raise ValueError(
                 f"dpo.loss_weights has {len(self.loss_weights)} entries but dpo.loss_type has "
                 f"{len(self.loss_type)}: give one weight per loss type"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _kto_batch(self) -> DPOParams:
+        # TRL's KTOTrainer refuses it only after the models load; its KL term pairs examples within a batch
+        if self.method == "kto" and self.per_device_train_batch_size < 2:
+            raise ValueError(
+                f"dpo.per_device_train_batch_size is {self.per_device_train_batch_size} under dpo.method kto: KTO "
+                "estimates its KL term from the other examples of the same batch, so it needs at least 2 per device "
+                "(raise it, in dpo: or train:)"
             )
         return self
 

@@ -16,9 +16,9 @@ from typing import Any, NoReturn
 
 import yaml
 
+from llmpipe.config.stages import REGISTRY
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_file
-from llmpipe.stages import REGISTRY
 
 log = logging.getLogger(__name__)
 

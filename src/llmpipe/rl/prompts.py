@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from llmpipe.core.errors import UserError
+from llmpipe.data.formats import prompt_turns
 from llmpipe.data.loading import load_split
 
 log = logging.getLogger(__name__)
@@ -27,20 +28,6 @@ class Prompts:
     """The requested function name of each prompt."""
     ids: list[list[int]]
     """:attr:`turns` rendered with the chat template and its generation prompt, as token ids."""
-
-
-def prompt_turns(messages: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The turns of a conversation up to and including its first user turn: the prompt an RL policy answers.
-
-    A leading system turn stays (SFT trained the reply under it); later turns are the answer and what follows.
-
-    Raises:
-        ValueError: The conversation has no user turn.
-    """
-    for i, message in enumerate(messages):
-        if message["role"] == "user":
-            return messages[: i + 1]
-    raise ValueError("a conversation without a user turn")
 
 
 def load_prompts(path: Path, tokenizer, max_prompt_tokens: int, limit: int | None, budget: str) -> Prompts:

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from llmpipe.config import Params
+from llmpipe.config.stages import REGISTRY, input_paths
 from llmpipe.models import load_model, load_tokenizer
-from llmpipe.stages import REGISTRY, input_paths
-from llmpipe.tokenizer_identity import check_same_tokenizer
+from llmpipe.models.tokenizer_identity import check_same_tokenizer
 from llmpipe.train import adapters
 from llmpipe.train.checkpoints import ResumeRequest, open_run
 from llmpipe.train.loop import train_stage
@@ -76,8 +76,13 @@ class TrainerStage(ABC):
 
     @property
     def missing_base(self) -> str:
-        """The fix when the input model folder is missing: the stage that writes it."""
-        return f"run the {self.base.name} stage first (dvc repro {self.base.name})"
+        """The fix when the input model folder is missing: the stage that writes it, and the command that runs it."""
+        stage = self.base.name
+        if stage == "pretrain" and not self.params.pretrain.enabled:  # it trains nothing: a pointer, in seconds
+            return ("pretrain.enabled is false, so the pretrain stage writes there only a pointer to model.init_from "
+                    f"({self.params.model.init_from}), in seconds: run `llm-train --task pretrain` (or dvc repro "
+                    "pretrain) first")
+        return f"run the {stage} stage first (dvc repro {stage})"
 
     # --- hooks: what a stage states -------------------------------------------------------------------------------
 
@@ -180,7 +185,8 @@ class TrainerStage(ABC):
             callbacks.append(adapters.adalora_callback())
         trainer = self.make_trainer(model, self.config(run.path), train, valid, callbacks)
         counts |= self.check_trainer(trainer, len(train), len(valid))
-        metrics = train_stage(trainer, params, self.name, run, self.saved_with(), load_base=self.load_model)
+        metrics = train_stage(trainer, params, self.name, run, self.saved_with(), load_base=self.load_model,
+                              chat=True)  # every Trainer stage comes after sft or is it  # fmt: skip
         metrics.update(counts)
         metrics.update(self.extra_metrics(trainer, metrics))
         return metrics

@@ -1,12 +1,12 @@
 """`baseline` stage: the model training starts from, saved like any other stage's model so `evaluate` scores it as
 the reference row (what training must beat): the untrained model of the configured shape, or a pointer to
-``model.init_from`` (`llmpipe.model_source`: the given model, not a copy of it)."""
+``model.init_from`` (`llmpipe.models.source`: the given model, not a copy of it)."""
 
 from __future__ import annotations
 
 from llmpipe.config import Params
-from llmpipe.model_source import num_parameters, weights_dir, write_pointer
 from llmpipe.models import build_model, count_parameters, load_tokenizer, save_model
+from llmpipe.models.source import num_parameters, weights_dir, write_pointer
 
 
 def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:

@@ -30,14 +30,15 @@ ZERO_STD_WARN_FRACTION = 0.5
 """Warn when at least this share of groups had all-equal rewards (and so no gradient)."""
 
 
-def grpo_config(params: Params, run_dir: Path):
-    """Our params → `trl.GRPOConfig`, field by field (`generation.max_new_tokens` → `max_completion_length`,
-    `generation.suppress_tokens` → `generation_kwargs`)."""
+def grpo_config(params: Params, run_dir: Path, name: str = "grpo"):
+    """Our params → `trl.GRPOConfig`, field by field, from section `name` (a stage that reuses this one: its own)
+    (`generation.max_new_tokens` → `max_completion_length`, `generation.suppress_tokens` → `generation_kwargs`)."""
     from trl import GRPOConfig
 
-    cfg, gen = params.grpo, params.grpo.generation
+    cfg = params.stage(name)
+    gen = cfg.generation
     return GRPOConfig(
-        **training_kwargs(params, "grpo", run_dir),
+        **training_kwargs(params, name, run_dir),
         num_generations=cfg.num_generations,
         loss_type=cfg.loss_type,
         importance_sampling_level=cfg.importance_sampling_level,
@@ -54,6 +55,9 @@ def grpo_config(params: Params, run_dir: Path):
         num_iterations=cfg.num_iterations,
         steps_per_generation=cfg.steps_per_generation,
         mask_truncated_completions=cfg.mask_truncated_completions,
+        sync_ref_model=cfg.sync_ref_model,
+        ref_model_mixup_alpha=cfg.ref_model_mixup_alpha,
+        ref_model_sync_steps=cfg.ref_model_sync_steps,
         reward_weights=[spec.weight for spec in cfg.rewards],
         max_completion_length=gen.max_new_tokens,
         temperature=gen.temperature,
@@ -65,7 +69,7 @@ def grpo_config(params: Params, run_dir: Path):
     )
 
 
-def prompt_dataset(path: Path, tokenizer, max_length: int, limit: int | None = None):
+def prompt_dataset(path: Path, tokenizer, max_length: int, limit: int | None = None, key: str = "grpo.max_length"):
     """GRPO prompts from SFT rows (:func:`llmpipe.rl.prompts.load_prompts`, the same selection as PPO's) as the
     conversational dataset TRL's GRPOTrainer takes.
 
@@ -74,6 +78,7 @@ def prompt_dataset(path: Path, tokenizer, max_length: int, limit: int | None = N
         tokenizer: Renders the prompt with its chat template and generation prompt, to measure it.
         max_length: Prompts longer than this many tokens are left out.
         limit: Keep at most this many prompts (after the length filter).
+        key: The params key of `max_length`, named when no prompt fits.
 
     Returns:
         A `datasets.Dataset` with columns ``prompt`` (the turns up to the first user turn) and ``name``.
@@ -83,7 +88,7 @@ def prompt_dataset(path: Path, tokenizer, max_length: int, limit: int | None = N
     """
     from datasets import Dataset
 
-    prompts = load_prompts(path, tokenizer, max_length, limit, "grpo.max_length")
+    prompts = load_prompts(path, tokenizer, max_length, limit, key)
     return Dataset.from_dict({"prompt": prompts.turns, "name": prompts.names})
 
 
@@ -100,8 +105,9 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
         the ppo stage's), ``kl_final`` (mean per-token KL to the reference over the last 10%, nats; only when
         ``beta`` > 0), and
         ``frac_zero_std_groups``: the mean share of groups whose rewards were all equal (TRL's
-        ``frac_reward_zero_std``; with ``scale_rewards: batch`` TRL measures the whole batch instead).
-        Empty when no training step was logged.
+        ``frac_reward_zero_std``; with ``scale_rewards: batch`` TRL measures the whole batch instead), and
+        ``frac_clipped``: the mean share of completions cut at ``grpo.generation.max_new_tokens`` before their eos
+        (TRL's ``completions/clipped_ratio``). Empty when no training step was logged.
     """
     rows = [r for r in log_history if "reward" in r]
     if not rows:
@@ -117,10 +123,25 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
         "response_length_last": lengths.last,
         "frac_zero_std_groups": statistics.fmean(r["frac_reward_zero_std"] for r in rows),
     }
+    clipped = [r["completions/clipped_ratio"] for r in rows if r.get("completions/clipped_ratio") is not None]
+    if clipped:
+        metrics["frac_clipped"] = statistics.fmean(clipped)
     kls = [r["kl"] for r in rows if r.get("kl") is not None]
     if kls:
         metrics["kl_final"] = first_last_tenths(kls).last
     return {k: round(v, 5) for k, v in metrics.items() if math.isfinite(v)}  # DVC metrics must be numbers
+
+
+def all_clipped(log_history: list[dict[str, float]], max_new_tokens: int) -> str | None:
+    """The warning for a run in which every completion of every logged step was cut at `max_new_tokens` before
+    its eos (TRL's ``completions/clipped_ratio`` 1.0 throughout), else None: the rewards then scored cut-off text
+    only, and the policy never learned from an answer it finished."""
+    ratios = [r["completions/clipped_ratio"] for r in log_history if "completions/clipped_ratio" in r]
+    if not ratios or min(ratios) < 1.0:
+        return None
+    return (f"grpo: every completion of all {len(ratios)} logged steps was cut at grpo.generation.max_new_tokens "
+            f"({max_new_tokens}) before its eos (completions/clipped_ratio 1.0): the rewards scored cut-off text only; "
+            "raise grpo.generation.max_new_tokens, or start from a policy that ends its answers (sft)")
 
 
 class GRPO(TrainerStage):
@@ -129,12 +150,13 @@ class GRPO(TrainerStage):
     name = "grpo"
 
     def config(self, run_dir: Path):
-        return grpo_config(self.params, run_dir)
+        return grpo_config(self.params, run_dir, self.name)
 
     def datasets(self):
-        cfg = self.cfg
-        train = prompt_dataset(self.data / "train.jsonl", self.tokenizer, cfg.max_length, cfg.num_samples)
-        valid = prompt_dataset(self.data / "validation.jsonl", self.tokenizer, cfg.max_length, cfg.max_eval_samples)
+        cfg, key = self.cfg, f"{self.name}.max_length"
+        train = prompt_dataset(self.data / "train.jsonl", self.tokenizer, cfg.max_length, cfg.num_samples, key)
+        valid = prompt_dataset(self.data / "validation.jsonl", self.tokenizer, cfg.max_length, cfg.max_eval_samples,
+                               key)
         return train, valid
 
     def samples(self):
@@ -159,11 +181,20 @@ class GRPO(TrainerStage):
         from trl import GRPOTrainer
 
         reward_funcs, _ = trl_reward_functions(self.cfg.rewards)  # weights reach TRL through grpo_config
-        return GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train, eval_dataset=valid,
-                           processing_class=self.tokenizer, callbacks=callbacks, peft_config=self.peft_config)  # fmt: skip
+        trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
+                              eval_dataset=valid, processing_class=self.tokenizer, callbacks=callbacks,
+                              peft_config=self.peft_config)  # fmt: skip
+        if self.cfg.sync_ref_model:
+            from llmpipe.rl.reference import checkpoint_reference
+
+            checkpoint_reference(trainer)  # TRL syncs it; its checkpoints would not hold it
+        return trainer
 
     def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
-        """:func:`rl_metrics` and ``eval_reward``; warns when most groups gave no gradient."""
+        """:func:`rl_metrics` and ``eval_reward``; warns when most groups gave no gradient, and when every
+        completion was clipped (:func:`all_clipped`)."""
+        if clipped := all_clipped(trainer.state.log_history, self.cfg.generation.max_new_tokens):
+            log.warning(clipped)
         extra = rl_metrics(trainer.state.log_history)
         final = [r for r in trainer.state.log_history if "eval_reward" in r]
         if final:
@@ -171,10 +202,10 @@ class GRPO(TrainerStage):
         frac = extra.get("frac_zero_std_groups", 0.0)
         if frac >= ZERO_STD_WARN_FRACTION:
             log.warning(
-                "grpo: %.0f%% of groups had all-equal rewards, so zero advantage and no gradient from them; add a "
-                "graded reward (e.g. parsable_prefix) to grpo.rewards, or raise grpo.num_generations or "
-                "grpo.generation.temperature",
-                100 * frac,
+                "%s: %.0f%% of groups had all-equal rewards, so zero advantage and no gradient from them; add a "
+                "graded reward (e.g. parsable_prefix) to %s.rewards, or raise %s.num_generations or "
+                "%s.generation.temperature",
+                self.name, 100 * frac, self.name, self.name, self.name,
             )
         return extra
 

@@ -1,6 +1,6 @@
 """`pretrain` stage: causal-LM training of a Llama model built from ``model:`` params — or continued pretraining of
 ``model.init_from`` — on packed token blocks. With ``pretrain.enabled: false`` it trains nothing and writes a pointer
-to ``model.init_from`` (`llmpipe.model_source`), so sft starts from the given model without a copy of it.
+to ``model.init_from`` (`llmpipe.models.source`), so sft starts from the given model without a copy of it.
 
 The `tokenize` stage has tokenized the documents once, joined with eos, into ``<paths.data>/tokens/``; this
 stage memory-maps those ids and cuts them into blocks of ``max_length`` tokens (GPT-2 style packing), so no
@@ -20,8 +20,8 @@ from pathlib import Path
 from llmpipe.config import Params
 from llmpipe.core.errors import UserError
 from llmpipe.data.tokens import PackedBlocks, token_blocks
-from llmpipe.model_source import write_pointer
 from llmpipe.models import count_parameters, init_model, load_tokenizer
+from llmpipe.models.source import write_pointer
 from llmpipe.train.arguments import training_kwargs
 from llmpipe.train.callbacks import write_ledger
 from llmpipe.train.checkpoints import ResumeRequest, open_run
@@ -62,8 +62,10 @@ def samples(params: Params, tokenizer, valid: PackedBlocks):
     cfg = params.pretrain
     if cfg.eval_prompts is not None:
         ids = [tokenizer(p)["input_ids"] for p in cfg.eval_prompts]
-    else:
+    elif cfg.num_eval_prompts:
         ids = [b[:PREFIX_TOKENS].tolist() for b in valid.batch(range(min(cfg.num_eval_prompts, len(valid))))]
+    else:  # num_eval_prompts 0: no samples (an empty index array would be float to numpy, and refused)
+        ids = []
     prompts = SamplePrompts(tokenizer.batch_decode(ids, skip_special_tokens=True), ids, [""] * len(ids))
     return prompts, model_generate(tokenizer, generation_config(tokenizer, cfg.eval_max_new_tokens))
 

@@ -23,13 +23,13 @@ from llmpipe.train.guards import trainer_preference_signal
 COLUMNS = ("prompt", "chosen", "rejected")
 
 
-def reward_config(params: Params, run_dir: Path):
-    """Our params → `trl.RewardConfig`, field by field."""
+def reward_config(params: Params, run_dir: Path, name: str = "reward"):
+    """Our params → `trl.RewardConfig`, field by field, from section `name` (a stage that reuses this one: its own)."""
     from trl import RewardConfig
 
-    cfg = params.reward
+    cfg = params.stage(name)
     return RewardConfig(
-        **training_kwargs(params, "reward", run_dir),
+        **training_kwargs(params, name, run_dir),
         max_length=cfg.max_length,
         center_rewards_coefficient=cfg.center_rewards_coefficient,
         dataset_num_proc=None,
@@ -109,7 +109,7 @@ class Reward(TrainerStage):
     task_type = "SEQ_CLS"
 
     def config(self, run_dir: Path):
-        return reward_config(self.params, run_dir)
+        return reward_config(self.params, run_dir, self.name)
 
     def load_model(self, **kwargs):
         """The SFT model with a new one-output score head, initialised from ``reward.seed``."""
@@ -134,13 +134,14 @@ class Reward(TrainerStage):
                              processing_class=self.tokenizer, callbacks=callbacks)  # fmt: skip
 
     def check_trainer(self, trainer, num_train: int, num_valid: int) -> dict[str, float]:
-        return trainer_preference_signal("reward", trainer, num_train, num_valid, self.cfg.max_length, truncates=False)
+        return trainer_preference_signal(self.name, trainer, num_train, num_valid, self.cfg.max_length, truncates=False)
 
     def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
         """:func:`pairwise_metrics` of the saved model on the held-out test pairs."""
         trainer.accelerator.wait_for_everyone()  # rank 0 has saved the model
         saved = load_model(
-            self.params.paths.out(self.params.paths.models, "reward"), "the reward stage did not save it", num_labels=1
+            self.params.paths.out(self.params.paths.models, self.name), f"the {self.name} stage did not save it",
+            num_labels=1,
         )
         test = load_split(self.data / "test.jsonl", COLUMNS, optional=("corruption",))
         return pairwise_metrics(saved, self.tokenizer, test, self.cfg.per_device_eval_batch_size)

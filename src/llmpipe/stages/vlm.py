@@ -86,8 +86,8 @@ class VLM(TrainerStage):
                 end = where[-1] + len(where) * (per_image - 1) + 1 if where else 0  # after expansion
                 if end > self.cfg.max_length:
                     raise UserError(f"{self.data / f'{split}.jsonl'}: row {i + 1}: its image tokens end at token "
-                                    f"{end}, past vlm.max_length ({self.cfg.max_length}), so they would be cut; raise "
-                                    "vlm.max_length or shorten the text before the image")  # fmt: skip
+                                    f"{end}, past {self.name}.max_length ({self.cfg.max_length}), so they would be "
+                                    f"cut; raise {self.name}.max_length or shorten the text before the image")  # fmt: skip
                 cut += len(ids) + len(where) * (per_image - 1) > self.cfg.max_length
         return {"num_truncated": cut}
 

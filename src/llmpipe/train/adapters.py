@@ -20,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from llmpipe.adapter_folders import fix_virtual_tokens
 from llmpipe.config import PeftParams
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir
-from llmpipe.models import save_model
+from llmpipe.models.saved_folder import finish
+from llmpipe.models.virtual_tokens import fix_virtual_tokens
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,10 @@ def wrap(model, cfg: PeftParams, stage: str, source: Path, task: str = "CAUSAL_L
     except ValueError as err:
         raise UserError(f"{stage}.peft: peft refuses {cfg.method} on {type(model).__name__}: {err}; check "
                         f"{stage}.peft.target_modules (module names of the model, or all-linear)") from None  # fmt: skip
+    # The adapter's base is the stage's input folder, so an adapter over an unmerged adapter (peft.merge: false twice)
+    # loads over that chain (`llmpipe.models.folders`). peft would name the folder the weights were read from: for a
+    # chain, its root model, which would silently drop every adapter between.
+    wrapped.peft_config[ADAPTER].base_model_name_or_path = str(source)
     trainable, total = wrapped.get_nb_trainable_parameters()
     log.info("%s: %s adapter, %d trainable of %d parameters (%.3f%%)", stage, cfg.method, trainable, total,
              100 * trainable / total)  # fmt: skip
@@ -223,32 +227,46 @@ def adalora_callback():
     return AdaLoraSchedule()
 
 
-def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[[], Any] | None, state_dict=None) -> None:
+def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[..., Any] | None, state_dict=None,
+         chat: bool = False, quantized: bool = False):  # fmt: skip
     """Write a trained model atomically; for an adapter, ``final`` = the merged full model with the adapter in
     ``final/adapter/`` (`merge`), or the adapter itself (``adapter_model.safetensors``, ``adapter_config.json``, the
-    tokenizer). Any other model (method none, bitfit) is saved whole (`llmpipe.models.save_model`).
+    tokenizer). Any other model (method none, bitfit) is saved whole. The folder is finished for the tools that load
+    it (`llmpipe.models.saved_folder.finish`: ``use_cache``, the plain chat template, a chat stage's end-of-turn eos).
 
     The adapter sits in a subfolder of a merged model because transformers loads a folder's top-level
-    ``adapter_config.json`` as an adapter over its ``base_model_name_or_path``, which would apply it twice.
+    ``adapter_config.json`` as an adapter over the folder's own weights, which would apply it twice.
 
     Args:
         model: The unwrapped model.
         tokenizer: Saved beside the model.
         final: ``models/<stage>``.
         merge: `peft.merge`.
-        load_base: Loads the stage's input model afresh, full precision: the merge is made on it, so the trained
-            model (sharded, or 4-bit) is left as it is for the final evaluation.
+        load_base: Loads the stage's input model afresh, full precision (keywords go to `from_pretrained`): the
+            merge is made on it, so the trained model (sharded, or 4-bit) is left as it is for the final evaluation.
         state_dict: The gathered state dict under sharding (FSDP, ZeRO-3); None reads the model's own.
+        chat: A chat stage (sft and after): the folder names the template's end-of-turn token as an eos.
+        quantized: The trained base is 4-bit (QLoRA): the adapter is merged into the base reloaded in bf16, its
+            compute dtype, never into the 4-bit weights.
+
+    Returns:
+        The merged model as saved (`llmpipe.train.merge_check` scores it against the trained one), else None.
     """
     from peft import PeftModel
 
-    if not is_peft_model(model):
-        return save_model(model, tokenizer, final, state_dict=state_dict)
+    merged = None
     with atomic_dir(final) as tmp:
-        adapter_dir = tmp / "adapter" if merge else tmp
-        model.save_pretrained(adapter_dir, state_dict=state_dict, selected_adapters=[ADAPTER],
-                              save_embedding_layers=False, safe_serialization=True)  # fmt: skip
-        tokenizer.save_pretrained(tmp)
-        if merge:
-            merged = PeftModel.from_pretrained(load_base(), adapter_dir).merge_and_unload()
-            merged.save_pretrained(tmp, safe_serialization=True)
+        if not is_peft_model(model):
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+        else:
+            adapter_dir = tmp / "adapter" if merge else tmp
+            model.save_pretrained(adapter_dir, state_dict=state_dict, selected_adapters=[ADAPTER],
+                                  save_embedding_layers=False, safe_serialization=True)  # fmt: skip
+            if merge:
+                import torch
+
+                base = load_base(dtype=torch.bfloat16) if quantized else load_base()
+                merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+                merged.save_pretrained(tmp, safe_serialization=True)
+        finish(tmp, tokenizer, chat, str(final))
+    return merged

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import Params, TrainParams
-from llmpipe.config.peft import stage_refusal
+from llmpipe.config.adapter_rules import stage_refusal
+from llmpipe.config.stages import ADAPTER_TASKS, REGISTRY, TRAINING_TASKS
 from llmpipe.core.errors import UserError
-from llmpipe.stages import ADAPTER_TASKS, REGISTRY, TRAINING_TASKS
 from llmpipe.train.trackers import tracker_kwargs
 
 log = logging.getLogger(__name__)
@@ -55,25 +55,50 @@ def resolve_precision(precision: str, key: str = "train.precision") -> tuple[boo
 
 def check_device_params(params: Params, stage: str) -> None:
     """Refuse params the stage being run cannot train with before it does any work (`llm-train` calls it before the
-    stage loads a model or opens its run folder): its ``precision`` and ``optim`` on this device, and its `peft:`
-    with its ``optim`` (`llmpipe.config.peft.stage_refusal`, for what it inherits from `train:`).
+    stage loads a model or opens its run folder): its ``precision``, ``optim`` and ``use_liger_kernel`` on this
+    device, and its `peft:` with its ``optim`` (`llmpipe.config.adapter_rules.stage_refusal`, for what it inherits from
+    `train:`).
 
     Args:
         params: Validated params.
         stage: The task being run; a stage that does not train is not checked.
 
     Raises:
-        UserError: See :func:`resolve_precision`, `llmpipe.train.optimizers.check_optimizer` and
-            `llmpipe.config.peft.stage_refusal`; the message names the key where the value was set
-            (``dpo.precision`` under ``dpo``, ``train.precision`` when inherited).
+        UserError: See :func:`resolve_precision`, `llmpipe.train.optimizers.check_optimizer`,
+            :func:`check_liger` and `llmpipe.config.adapter_rules.stage_refusal`; the message names the key where the value
+            was set (``dpo.precision`` under ``dpo``, ``train.precision`` when inherited).
     """
     from llmpipe.train.optimizers import check_optimizer
 
     if stage in TRAINING_TASKS:
         resolve_precision(params.stage(stage).precision, params.source_of(stage, "precision"))
         check_optimizer(params.stage(stage).optim, params.source_of(stage, "optim"), params.distributed.strategy)
+        if params.stage(stage).use_liger_kernel:
+            check_liger(stage, params.source_of(stage, "use_liger_kernel"))
     if stage in ADAPTER_TASKS and (why := stage_refusal(params, stage)):
         raise UserError(why.message)
+
+
+def check_liger(stage: str, key: str) -> None:
+    """Refuse ``use_liger_kernel`` where it cannot act: without a CUDA GPU (Liger's kernels are Triton GPU
+    kernels), without the ``liger-kernel`` package, or in a stage whose training loop is not the HF Trainer's
+    (the registry's ``hf_trainer`` trait: the Trainer applies Liger's patches to its model, our PPO loop does not).
+
+    Raises:
+        UserError: Naming `key` and what to do.
+    """
+    import importlib.util
+
+    import torch
+
+    if not REGISTRY[stage].hf_trainer:
+        raise UserError(f"{key}: {stage} trains in a loop of its own, not the HF Trainer, which is what applies "
+                        f"Liger's patches; set {stage}.use_liger_kernel: false")  # fmt: skip
+    if not torch.cuda.is_available():
+        raise UserError(f"{key}: Liger's kernels are Triton kernels for CUDA GPUs and this machine has none; set it "
+                        "to false")  # fmt: skip
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise UserError(f"{key} needs the liger-kernel package: pip install liger-kernel")
 
 
 def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, Any]:
@@ -81,7 +106,7 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
 
     Args:
         params: Validated params.
-        stage: A training stage section name (one of `llmpipe.stages.TRAINING_TASKS`).
+        stage: A training stage section name (one of `llmpipe.config.stages.TRAINING_TASKS`).
         output_dir: The run's checkpoint folder.
 
     Returns:
@@ -123,6 +148,7 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
         "metric_for_best_model": best_metric,
         "greater_is_better": greater_is_better,
         "dataloader_num_workers": t.dataloader_num_workers,
+        "use_liger_kernel": t.use_liger_kernel,
         "activation_checkpointing": params.distributed.gradient_checkpointing,
         "torch_compile": params.distributed.torch_compile,
         # transformers turns torch_compile on whenever a mode is given, so the mode goes only with compile on.

@@ -15,9 +15,9 @@ from transformers import TrainerCallback
 
 from llmpipe.callbacks import Callback, CallbackList, RunInfo, resolve
 from llmpipe.config import Params
+from llmpipe.config.stages import REGISTRY
 from llmpipe.core.io import write_jsonl
 from llmpipe.distributed.launch import is_main_process
-from llmpipe.stages import REGISTRY
 from llmpipe.train.progress import Progress
 from llmpipe.train.samples import Generate, SamplePrompts, Samples
 from llmpipe.train.tensorboard import TensorBoardLog, run_name, tag

@@ -21,6 +21,7 @@ from llmpipe.core.io import atomic_file
 from llmpipe.distributed.agreement import ranks_agree
 from llmpipe.distributed.launch import check_world
 from llmpipe.models import count_parameters
+from llmpipe.train import merge_check
 from llmpipe.train.checkpoints import Run
 from llmpipe.train.trackers import hold_run_end
 
@@ -47,20 +48,27 @@ def write_plots(log_history: list[dict[str, Any]], log_dir: Path) -> None:
             writer.writerows(rows)
 
 
-def consolidated_save(trainer, tokenizer, final: Path, merge: bool = True, load_base=None) -> None:
+def consolidated_save(trainer, tokenizer, final: Path, merge: bool = True, load_base=None, chat: bool = False,
+                      quantized: bool = False):  # fmt: skip
     """Save the trained model as one standard HF directory, whatever the strategy (called on every rank).
 
     Under FSDP the full state dict is gathered from the shards, under DeepSpeed ZeRO-3 the 16-bit weights
     (``stage3_gather_16bit_weights_on_model_save``); both are collectives, so every rank takes part and
     rank 0 writes. A peft model is saved as its adapter, merged (`merge`) into a fresh copy of the input model
     that `load_base` loads (`llmpipe.train.adapters.save`): the gathered state dict holds every rank's shard of it.
+    `chat`: a chat stage's folder names the template's end-of-turn token as an eos (`llmpipe.models.saved_folder`).
+
+    Returns:
+        The merged model on rank 0 when an adapter was merged, else None.
     """
     from llmpipe.train import adapters
 
     acc = trainer.accelerator
     state_dict = acc.get_state_dict(trainer.model_wrapped if trainer.is_deepspeed_enabled else trainer.model)
     if trainer.is_world_process_zero():
-        adapters.save(acc.unwrap_model(trainer.model), tokenizer, final, merge, load_base, state_dict=state_dict)
+        return adapters.save(acc.unwrap_model(trainer.model), tokenizer, final, merge, load_base,
+                             state_dict=state_dict, chat=chat, quantized=quantized)  # fmt: skip
+    return None
 
 
 def _finished_run(trainer, params: Params, stage: str, run: Run) -> bool:
@@ -85,7 +93,8 @@ def _finished_run(trainer, params: Params, stage: str, run: Run) -> bool:
     return params.distributed.strategy not in ("fsdp", "deepspeed")
 
 
-def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_base=None) -> dict[str, float]:
+def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_base=None,
+                chat: bool = False) -> dict[str, float]:  # fmt: skip
     """Train (resuming `run.resume` when set), save the final model, return metrics.
 
     The final model goes to ``models/<stage>`` atomically, before the final evaluation (a crash there loses no
@@ -93,6 +102,8 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_b
 
     Args:
         load_base: Loads the stage's input model afresh (an adapter is merged into it on save).
+        chat: A chat stage (sft and every stage after it): the saved folder names the chat template's end-of-turn
+            token as an eos (`llmpipe.models.saved_folder.finish`).
 
     Raises:
         UserError: The checkpoint named by ``--resume-from`` is past the stage's `max_steps` (from a longer run).
@@ -103,7 +114,9 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_b
         validation), ``steps``, ``tokens_per_s``
         (mean over logged steps), ``peak_memory_gb`` (this process, see `throughput.peak_memory_gb`), ``mfu``
         (mean over logged steps; only on a device with a known peak), ``resumed_from_step`` (0 for a fresh
-        run), ``num_parameters``, ``num_trainable_parameters`` (an adapter's, as peft counts them).
+        run), ``num_parameters``, ``num_trainable_parameters`` (an adapter's, as peft counts them); with a merged
+        adapter in one process, `llmpipe.train.merge_check.compare`'s figures, and for QLoRA ``eval_loss`` is the
+        merged model's (``eval_loss_4bit`` the trained one's).
     """
     # Imported here, not at the top: the callbacks subclass transformers' TrainerCallback, whose module imports
     # peft (when installed) and with it most of transformers, so a stage module would take seconds to import.
@@ -156,13 +169,17 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_b
     else:
         trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
     final = params.paths.out(params.paths.models, stage)
-    consolidated_save(trainer, tokenizer, final, params.stage(stage).peft.merge, load_base)  # before evaluating
+    peft = params.stage(stage).peft
+    merged = consolidated_save(trainer, tokenizer, final, peft.merge, load_base, chat, peft.load_in_4bit)  # before evaluating
     if params.distributed.strategy == "ddp" and world["world_size"] > 1:
         agree, diff = ranks_agree(trainer.accelerator, trainer.model)
         if not agree:
             raise RuntimeError(f"{stage}: DDP ranks ended with different weights (checksums differ by {diff})")
         world["ranks_agree"] = True
     final_eval = trainer.evaluate()
+    # A sharded model's forward needs every rank, and only rank 0 holds the merged copy: scored one process only.
+    merge_figures = merge_check.compare(trainer, merged) if merged is not None and world["world_size"] == 1 else {}
+    del merged
     end_tracker_runs()
     if trainer.is_world_process_zero():
         write_plots(trainer.state.log_history, params.paths.out(params.paths.logs, stage))
@@ -171,7 +188,7 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_b
     mfus = [r["mfu"] for r in trainer.state.log_history if "mfu" in r]
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     eval_loss = final_eval.get("eval_loss", math.nan)
-    return {
+    return merge_check.merged_eval({
         "train_loss": round(sum(losses) / len(losses), 5) if losses else math.nan,
         "eval_loss": round(float(eval_loss), 5),
         "steps": int(trainer.state.global_step),
@@ -182,4 +199,4 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_b
         "num_parameters": num_parameters,
         "num_trainable_parameters": num_trainable,
         **world,
-    }
+    }, merge_figures, quantized=peft.load_in_4bit)

@@ -1,8 +1,6 @@
-"""peft adapter folders (``peft.merge: false``) as model folders: what makes one, the base it was trained on, its
-config, and loading it over that base (`llmpipe.models.load_model` calls :func:`load_adapter`).
-
-Virtual-token adapters (peft's prefix and prompt tuning, which cannot merge) are made to answer the same in any
-batch and when generating (:func:`fix_virtual_tokens`, also applied by `llmpipe.train.adapters.wrap`).
+"""Virtual-token adapters (peft's prefix and prompt tuning, which cannot merge) are made to answer the same in any
+batch and when generating (:func:`fix_virtual_tokens`, applied by
+`llmpipe.train.adapters.wrap` and `llmpipe.models.loading.load_adapter`).
 
 peft 0.21 puts its virtual tokens before the batch's padding and, under transformers 5, gets generation wrong:
 
@@ -22,77 +20,7 @@ logits each prompt's alone.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
-
-from llmpipe.core.errors import UserError
-
-ADAPTER_CONFIG = "adapter_config.json"
-"""What makes a folder a peft adapter (``peft.merge: false``) rather than a model."""
-
-
-def is_adapter(path: str | Path) -> bool:
-    """Whether `path` is an adapter folder: ``adapter_config.json`` and no ``config.json`` of its own."""
-    return (Path(path) / ADAPTER_CONFIG).exists() and not (Path(path) / "config.json").exists()
-
-
-def adapter_base(path: Path) -> Path:
-    """The model folder an adapter folder was trained on (its ``base_model_name_or_path``; relative paths are from
-    the repository root, where stages run).
-
-    Raises:
-        UserError: The adapter config names no base.
-    """
-    from llmpipe.models import read_config
-
-    base = read_config(path / ADAPTER_CONFIG).get("base_model_name_or_path")
-    if not base:
-        raise UserError(f"{path / ADAPTER_CONFIG}: no base_model_name_or_path; save the adapter again")
-    return Path(base)
-
-
-def model_config(path: str | Path) -> dict[str, Any]:
-    """A model folder's ``config.json`` (a pointer's: its source's), or for an adapter folder its base model's."""
-    from llmpipe.model_source import weights_dir
-    from llmpipe.models import read_config
-
-    path = Path(path)
-    return model_config(adapter_base(path)) if is_adapter(path) else read_config(weights_dir(path) / "config.json")
-
-
-def check_adapter(path: Path, what: str, trust_remote_code: bool) -> None:
-    """`llmpipe.models.check_model_dir` for an adapter folder: its safetensors weights whole, then its base.
-
-    Raises:
-        UserError: The adapter weights are missing or damaged (names `what`, the fix), or its base is refused.
-    """
-    from llmpipe.core.io import safetensors_problem
-    from llmpipe.models import check_model_dir
-
-    weights = path / "adapter_model.safetensors"
-    if problem := safetensors_problem(weights) if weights.exists() else "no such file":
-        raise UserError(f"{weights}: damaged or missing adapter ({problem}); {what}")
-    check_model_dir(adapter_base(path), f"it is the base model of the adapter {path}", trust_remote_code)
-
-
-def load_adapter(path: Path, what: str, num_labels: int | None, trust_remote_code: bool, **kwargs):
-    """An adapter folder over its base model (itself loaded by `llmpipe.models.load_model`, so adapters chain),
-    merged into the weights; a virtual-token adapter (prefix or prompt tuning) cannot merge and stays a
-    `peft.PeftModel`.
-
-    Raises:
-        UserError: The folder or its base is refused by the safe loaders or missing.
-    """
-    from peft import PeftModel
-
-    from llmpipe.models import check_model_dir, load_model
-
-    check_model_dir(path, what, trust_remote_code)
-    base = load_model(adapter_base(path), f"it is the base model of the adapter {path}", num_labels,
-                      trust_remote_code, **kwargs)  # fmt: skip
-    model = PeftModel.from_pretrained(base, path)
-    return fix_virtual_tokens(model) if model.peft_config["default"].is_prompt_learning else model.merge_and_unload()
-
 
 _FIXED = "_llmpipe_virtual_tokens_fixed"
 """Marks the transformers model inside a virtual-token adapter that has :func:`fix_virtual_tokens`'s hook."""

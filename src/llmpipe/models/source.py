@@ -3,7 +3,7 @@
 
 A stage that only passes the given model on — ``pretrain`` with ``pretrain.enabled: false``, ``baseline`` with a
 model to start from — writes :data:`POINTER` (a few hundred bytes naming the source) and the pipeline tokenizer
-into its output folder instead of gigabytes of weights that DVC would cache a second time. `llmpipe.models`
+into its output folder instead of gigabytes of weights that DVC would cache a second time. `llmpipe.models.loading`
 resolves a pointer wherever it loads a model (:func:`weights_dir`), so the stages after it, the baseline row and
 evaluation all read the source through the same loader. The pointer names the source as params name it (a hub
 id also by the commit it resolved to), so the folder means the same on another machine.
@@ -151,7 +151,7 @@ def write_pointer(dest: str | Path, model: ModelParams, tokenizer, trust_remote_
         dest: The stage's model folder (``models/pretrain``, ``models/baseline``).
         model: ``model`` params (`init_from`, `revision`).
         tokenizer: The pipeline tokenizer, saved beside the pointer (later stages check it as they check any
-            model's, `llmpipe.tokenizer_identity.check_same_tokenizer`).
+            model's, `llmpipe.models.tokenizer_identity.check_same_tokenizer`).
 
     Returns:
         The pointer's contents: ``init_from``, ``revision`` (a hub id: the commit it resolved to), ``vocab_size``
@@ -165,8 +165,10 @@ def write_pointer(dest: str | Path, model: ModelParams, tokenizer, trust_remote_
     pointer = {"init_from": model.init_from, "revision": source_label(source) or model.revision,
                "vocab_size": len(tokenizer),
                "files": {f.name: f.stat().st_size for f in sorted(source.iterdir()) if f.is_file()}}
+    from llmpipe.models.saved_folder import save_tokenizer
+
     with atomic_dir(dest) as tmp:
-        tokenizer.save_pretrained(tmp)
+        save_tokenizer(tokenizer, tmp)  # the plain chat template, as in every model folder
         write_json(Path(tmp, POINTER), pointer)
     log.info("%s: a pointer to %s (no weights copied)", dest, model.init_from)
     return pointer
@@ -188,17 +190,3 @@ def weights_dir(path: str | Path) -> Path:
     return Path(path) if pointer is None else resolve(pointer["init_from"], pointer["revision"])
 
 
-def attn_kwargs(name: str) -> dict[str, str]:
-    """``attn_implementation`` for a model's config or `from_pretrained`, checked against this machine.
-
-    Raises:
-        UserError: ``flash_attention_2`` without a CUDA GPU or without the flash-attn package.
-    """
-    if name == "flash_attention_2":
-        import torch
-        from transformers.utils import is_flash_attn_2_available
-
-        if not (torch.cuda.is_available() and is_flash_attn_2_available()):
-            raise UserError("model.attn_implementation: flash_attention_2 needs a CUDA GPU and the flash-attn package "
-                            "(pip install flash-attn); use sdpa (the default) or eager here")
-    return {"attn_implementation": name}
