@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from llmpipe.config.adapter_rules import stage_refusal
 from llmpipe.config.params import Params
 from llmpipe.config.stages import ADAPTER_TASKS, TRAINING_TASKS
 from llmpipe.core.errors import UserError
@@ -92,6 +93,10 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
     except ValidationError as err:
         raise ParamsError(_format_errors(err, source, origin)) from None
     params._origin.update(origin)  # device-dependent checks name the key where a value was set (Params.source_of)
+    for name in ADAPTER_TASKS:  # a stage's own choice is refused now; what it inherits, when it runs
+        why = stage_refusal(params, name)
+        if why and any(origin.get(name, {}).get(key) == name for key in why.keys):
+            raise ParamsError(f"{source}: invalid params:\n  {why.message}")
     for key, owners in shadowed_train_keys(raw).items():
         log.warning("%s: train.%s (%r) is read by no stage: every stage that inherits it sets its own (%s); set it "
                     "in those sections instead", source, key, train[key],

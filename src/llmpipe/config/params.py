@@ -11,7 +11,7 @@ from llmpipe.config.paths import PathsParams
 from llmpipe.config.rl import GRPOParams, PPOParams, check_groups_fit, check_reference_sync, check_rounds
 from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams, ReportParams
 from llmpipe.config.section import Section
-from llmpipe.config.stages import ADAPTER_TASKS, GROUPED_TASKS, TRAINING_TASKS
+from llmpipe.config.stages import GROUPED_TASKS, TRAINING_TASKS
 from llmpipe.config.training import (
     DPOParams,
     ModelParams,
@@ -79,26 +79,6 @@ class Params(Section):
                 raise ValueError(
                     f"{name}.lr_scheduler_type warmup_stable_decay places its decay by the step budget: set "
                     f"{name}.max_steps"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _adapters_fit(self) -> Params:
-        # AdaLoRA's rank budget runs over a known number of steps (peft's `total_step`), reallocated per optimizer step
-        for name in ADAPTER_TASKS:
-            t = self.stage(name)
-            if name == "ppo" and t.peft.method in ("prefix_tuning", "prompt_tuning"):
-                raise ValueError(f"ppo.peft.method {t.peft.method}: ppo's own loop reads the value model's hidden "
-                                 "states position by position, which virtual tokens would shift; use lora or ia3")  # fmt: skip
-            if t.peft.method != "adalora":
-                continue
-            if name == "ppo":
-                raise ValueError("ppo.peft.method adalora: its rank schedule runs on the Trainer's optimizer-step hook, "
-                                 "which ppo's own loop does not have; use lora for ppo")  # fmt: skip
-            if t.max_steps <= 0 or t.peft.tinit + t.peft.tfinal >= t.max_steps:
-                raise ValueError(
-                    f"{name}.peft.method adalora schedules its rank budget over {name}.max_steps: set it (> 0, now "
-                    f"{t.max_steps}) above peft.tinit + peft.tfinal ({t.peft.tinit} + {t.peft.tfinal})"
                 )
         return self
 

@@ -16,6 +16,7 @@ from llmpipe.core.errors import UserError, root_cause
 from llmpipe.models.build import attn_kwargs, build_model, fit_embeddings
 from llmpipe.models.folders import adapter_base, base_what, check_model_dir, check_tokenizer_configs, is_adapter
 from llmpipe.models.source import checked_source, read_pointer, weights_dir
+from llmpipe.models.virtual_tokens import fix_virtual_tokens
 
 
 def init_model(cfg: ModelParams, tokenizer, trust_remote_code: bool = False):
@@ -118,7 +119,7 @@ def load_adapter(path: Path, what: str, num_labels: int | None, trust_remote_cod
     check_model_dir(path, what, trust_remote_code)
     base = load_model(adapter_base(path), base_what(path), num_labels, trust_remote_code, **kwargs)
     model = PeftModel.from_pretrained(base, path)
-    model = model if model.peft_config["default"].is_prompt_learning else model.merge_and_unload()
+    model = fix_virtual_tokens(model) if model.peft_config["default"].is_prompt_learning else model.merge_and_unload()
     if (path / "generation_config.json").exists() and num_labels is None:
         from transformers import GenerationConfig
 

@@ -59,6 +59,8 @@ class TrainerStage(ABC):
         tokenizer: The pipeline tokenizer, set by :meth:`run` before any hook runs.
         data: The stage's data folder (``data/<kind>``, from the registry).
         base: The input model folder (``models/<stage>``, from the registry).
+        peft_config: The peft config :meth:`make_trainer` passes its trainer to wrap the model itself, or None
+            (`llmpipe.train.adapters.for_trainer`: AdaLoRA under a trainer that copies its reference).
     """
 
     name: ClassVar[str]
@@ -70,6 +72,7 @@ class TrainerStage(ABC):
         self.params, self.cfg, self.trust_remote_code = params, params.stage(self.name), trust_remote_code
         self.data, self.base = data_input(self.name, params), model_input(self.name, params)
         self.tokenizer: Any = None
+        self.peft_config: Any = None
 
     @property
     def missing_base(self) -> str:
@@ -130,6 +133,12 @@ class TrainerStage(ABC):
                           attn_implementation=self.params.model.attn_implementation, **kwargs)  # fmt: skip
 
     @property
+    def copies_reference(self) -> bool:
+        """Whether the stage's TRL trainer copies a peft model's adapter as its frozen reference (dpo, kto; grpo
+        with a KL term): none by default."""
+        return False
+
+    @property
     def adapter(self) -> bool:
         """Whether the stage trains a peft adapter (its reference, where it has one, is the adapter-disabled model)."""
         return self.cfg.peft.method not in ("none", "bitfit")
@@ -167,8 +176,8 @@ class TrainerStage(ABC):
         peft = self.cfg.peft
         model = self.load_model(**adapters.load_kwargs(peft, self.name))
         check_same_tokenizer(self.base, self.tokenizer, params.paths.tokenizer)
-        model = adapters.wrap(model, peft, self.name, self.base, self.task_type, self.cfg.max_steps,
-                               self.cfg.seed)  # fmt: skip
+        model, self.peft_config = adapters.for_trainer(model, peft, self.name, self.base, self.copies_reference,
+                                                       self.task_type, self.cfg.max_steps, self.cfg.seed)  # fmt: skip
         run = open_run(params, self.name, self.inputs(), resume)
         train, valid, counts = early or self._datasets()
         callbacks = [trainer_hooks(params, self.name, run.path, self.tokenizer, self.samples())]

@@ -138,9 +138,13 @@ class DPO(TrainerStage):
         valid = load_split(self.data / "validation.jsonl", COLUMNS, self.cfg.max_eval_samples)
         return train, valid
 
+    @property
+    def copies_reference(self) -> bool:
+        return self.cfg.method not in REFERENCE_FREE
+
     def make_trainer(self, model, args, train, valid, callbacks: list):
         common = {"model": model, "args": args, "train_dataset": train, "eval_dataset": valid,
-                  "processing_class": self.tokenizer, "callbacks": callbacks}  # fmt: skip
+                  "processing_class": self.tokenizer, "callbacks": callbacks, "peft_config": self.peft_config}  # fmt: skip
         if self.cfg.method not in REFERENCE_FREE and not self.adapter:
             # with an adapter, TRL keeps the reference in the same weights (llmpipe.train.adapters): no second copy
             common["ref_model"] = self.load_model()

@@ -173,12 +173,17 @@ class GRPO(TrainerStage):
         prompts = stage_prompts(cfg, self.tokenizer, self.data / "validation.jsonl")
         return prompts, model_generate(self.tokenizer, config, reward)
 
+    @property
+    def copies_reference(self) -> bool:
+        return self.cfg.beta != 0  # TRL's GRPO loads no reference without a KL term
+
     def make_trainer(self, model, args, train, valid, callbacks: list):
         from trl import GRPOTrainer
 
         reward_funcs, _ = trl_reward_functions(self.cfg.rewards)  # weights reach TRL through grpo_config
         trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
-                              eval_dataset=valid, processing_class=self.tokenizer, callbacks=callbacks)  # fmt: skip
+                              eval_dataset=valid, processing_class=self.tokenizer, callbacks=callbacks,
+                              peft_config=self.peft_config)  # fmt: skip
         if self.cfg.sync_ref_model:
             from llmpipe.rl.reference import checkpoint_reference
 

@@ -5,7 +5,12 @@ The one entry for every training stage that fine-tunes (the Trainer-stage base a
 model as without adapters, then :func:`wrap` makes it trainable as `peft:` says. The wrapped model is what the
 trainer gets, with no reference model: TRL's DPO, KTO and GRPO trainers then keep the reference inside the same
 weights (`trl` 1.16 adds a frozen ``ref`` copy of the freshly initialised adapter, so the reference is the input
-model itself for LoRA, AdaLoRA and IA³, whose adapters start as the identity) — one copy of the base in memory.
+model itself for LoRA and IA³, whose adapters start as the identity) — one copy of the base in memory.
+
+AdaLoRA is the exception (:func:`for_trainer`): peft's AdaLoRA model holds one trainable adapter only, so TRL's
+``ref`` copy fails ("AdaLoraModel supports only 1 trainable adapter"). Such a trainer gets the model unwrapped with
+the AdaLoRA config, wraps it itself and takes the adapter-disabled model as the reference, which is the same model
+(AdaLoRA's singular values start at zero).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from llmpipe.config import PeftParams
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir
 from llmpipe.models.saved_folder import finish
+from llmpipe.models.virtual_tokens import fix_virtual_tokens
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +136,8 @@ def wrap(model, cfg: PeftParams, stage: str, source: Path, task: str = "CAUSAL_L
     if cfg.method == "bitfit":
         return _bitfit(model, cfg, stage)
     import peft
-    from transformers import set_seed
 
-    set_seed(seed)
-    if cfg.load_in_4bit:
-        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    model = _prepare(model, cfg, source, seed)
     try:
         wrapped = peft.get_peft_model(model, peft_config(cfg, task, max_steps))
     except ValueError as err:
@@ -147,7 +150,41 @@ def wrap(model, cfg: PeftParams, stage: str, source: Path, task: str = "CAUSAL_L
     trainable, total = wrapped.get_nb_trainable_parameters()
     log.info("%s: %s adapter, %d trainable of %d parameters (%.3f%%)", stage, cfg.method, trainable, total,
              100 * trainable / total)  # fmt: skip
-    return wrapped
+    return fix_virtual_tokens(wrapped)  # prefix or prompt tuning: the same answers in any batch
+
+
+def _prepare(model, cfg: PeftParams, source: Path, seed: int):
+    """The input model ready for its adapter: seeded (the adapter's initial values), named (peft writes the name as
+    the adapter's ``base_model_name_or_path``), a 4-bit base prepared for training (QLoRA)."""
+    import peft
+    from transformers import set_seed
+
+    set_seed(seed)
+    model.config._name_or_path = str(source)
+    if cfg.load_in_4bit:
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return model
+
+
+def for_trainer(model, cfg: PeftParams, stage: str, source: Path, copies_reference: bool, task: str = "CAUSAL_LM",
+                max_steps: int = -1, seed: int = 0):  # fmt: skip
+    """What a stage hands its TRL trainer: ``(model, peft_config)``.
+
+    Args:
+        model, cfg, stage, source, task, max_steps, seed: As :func:`wrap` takes them.
+        copies_reference: Whether the trainer copies a peft model's adapter as its frozen reference (DPO and KTO;
+            GRPO with ``beta`` > 0).
+
+    Returns:
+        ``(wrap(model, ...), None)``; for AdaLoRA under a trainer that copies its reference, ``(model, config)``:
+        the input model and its peft config, which the trainer wraps itself (the module docstring).
+
+    Raises:
+        UserError: As :func:`wrap`.
+    """
+    if copies_reference and cfg.method == "adalora" and not is_peft_model(model):
+        return _prepare(model, cfg, source, seed), peft_config(cfg, task, max_steps)
+    return wrap(model, cfg, stage, source, task, max_steps, seed), None
 
 
 class DisabledAdapter:
