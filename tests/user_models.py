@@ -1,5 +1,6 @@
 """Tiny "models users already have", built and saved by the tests (nothing downloads): a Llama, a Qwen2 and a GPT-2
-with tokenizers of their own kinds, and a Hugging Face cache layout that holds one as a hub id."""
+with tokenizers of their own kinds, and a Hugging Face cache layout that holds one as a hub id; a user's data and the
+tiny params that fine-tune such a model in a temporary folder."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import shutil
 from pathlib import Path
 
 import torch
+import yaml
+from conftest import TINY_PARAMS
 
 END = "<|endoftext|>"
 
@@ -47,6 +50,20 @@ QWEN_TEMPLATE = (Path(__import__("trl").__file__).parent / "chat_templates" / "q
 PLAIN_TEMPLATE = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
                   "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
 """A template of no known family, without ``{% generation %}`` markers."""
+
+
+CHATML_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+                   "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+"""Plain ChatML (the Qwen shape): turns end with ``<|im_end|>``; no ``{% generation %}`` markers, and TRL has no
+marked copy of it."""
+
+
+def base_chatml_tokenizer():
+    """A base model's tokenizer with a ChatML template, as Qwen's base models ship it: ``<|endoftext|>`` is its eos
+    (and pad), while the template ends each turn with ``<|im_end|>``."""
+    tok = train_tokenizer(special_tokens=(END, "<|im_start|>", "<|im_end|>"), eos_token=END, pad_token=END)
+    tok.chat_template = CHATML_TEMPLATE
+    return tok
 
 
 def chat_tokenizer(template: str):
@@ -99,3 +116,43 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 def pointer(path: Path) -> dict:
     """The pointer file in model folder `path`."""
     return json.loads((path / "init_from.json").read_text())
+
+
+STEPS = {"max_steps": 2, "eval_steps": 2, "save_steps": 2, "warmup_steps": 0, "logging_steps": 1}
+
+
+def user_data(root: Path) -> dict[str, str]:
+    """An Alpaca SFT file and a preference jsonl, as a user brings them."""
+    raw = root / "raw"
+    raw.mkdir()
+    alpaca = [{"instruction": f"Add {i} to x.", "input": "", "output": f"def f(x):\n    return x + {i}\n"}
+              for i in range(30)]
+    (raw / "alpaca.json").write_text(json.dumps(alpaca))
+    pairs = [{"prompt": f"Add {i} to x.", "chosen": f"return x + {i}", "rejected": f"return x - {i}"} for i in range(30)]
+    (raw / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    return {"sft": str(raw / "alpaca.json"), "preference": str(raw / "pairs.jsonl")}
+
+
+def params_at(root: Path, init_from: str, **sections):
+    """TINY_PARAMS in `root` (every path absolute), starting from `init_from` on the user data of :func:`user_data`,
+    without pretraining unless `sections` say otherwise."""
+    from llmpipe.config import parse_params
+
+    raw = yaml.safe_load(TINY_PARAMS)
+    raw["paths"] = {k: str(root / k) for k in ("data", "models", "metrics", "logs", "checkpoints", "runs")}
+    raw["paths"]["tokenizer"] = str(root / "artifacts" / "tokenizer")
+    local = user_data(root) if not (root / "raw").exists() else {
+        "sft": str(root / "raw" / "alpaca.json"), "preference": str(root / "raw" / "pairs.jsonl")}
+    raw["data"] = {**raw["data"], "source": "local", "local": local}
+    raw["model"] = {"init_from": init_from}
+    raw["pretrain"] = {**raw["pretrain"], "enabled": False}
+    raw["sft"] = {**raw["sft"], **STEPS}
+    for key, value in sections.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return parse_params(raw)
+
+
+def run_stages(params, *names: str) -> dict[str, dict]:
+    from llmpipe import stages
+
+    return {name: stages.runner(name)(params) for name in names}

@@ -24,10 +24,11 @@ adapts callbacks onto transformers' `TrainerCallback`.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from llmpipe.core.imports import import_object
 
 
 @dataclass
@@ -134,19 +135,17 @@ def resolve(spec: str) -> type[Callback]:
         The class (not an instance).
 
     Raises:
-        ValueError: `spec` is not ``module:Class``, the module does not import, has no such attribute, or the
-            attribute is not a `Callback` subclass; the message says which.
+        ValueError: `spec` is not ``module:Class``, the module does not import (from the Python path or the
+            current folder: `llmpipe.core.imports`), has no such attribute, or the attribute is not a `Callback`
+            subclass; the message says which.
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{spec!r} is not an import path of the form 'package.module:ClassName'")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"{spec!r}: cannot import {module_name} ({err}); is it installed or on PYTHONPATH?") from None
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"{spec!r}: module {module_name} has no attribute {attr}")
+        cls = import_object(spec)  # from the Python path or the project folder, as reward functions are
+    except ValueError as err:
+        raise ValueError(str(err) if str(err).startswith(repr(spec)) else f"{spec!r}: {err}") from None
     if not (isinstance(cls, type) and issubclass(cls, Callback)):
         raise ValueError(f"{spec!r} is not a subclass of llmpipe.callbacks.Callback")  # noqa: TRY004 (pydantic reports ValueError)
     return cls

@@ -11,6 +11,7 @@ import argparse
 import logging
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -137,10 +138,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llm-train: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        again = "the same command without --restart" if args.restart else "the same command"
-        print(f"llm-train: interrupted; run {again} again to resume {args.task} from its newest checkpoint",
-              file=sys.stderr)  # fmt: skip
+        print(f"llm-train: interrupted; run `{resume_command(argv, args.output_dir)}` to resume {args.task} from its "
+              "newest checkpoint", file=sys.stderr)  # fmt: skip
         return 130
+
+
+def resume_command(argv: list[str], output_dir: str | None) -> str:
+    """The command that resumes an interrupted run of `argv`: the same one without ``--restart``, and for a hand run
+    with overrides, with the ``--output-dir`` it wrote to (run again without it, it would start a new
+    ``runs/<task>-<time>/`` folder, whose checkpoints are none)."""
+    words = [a for a in argv if a != "--restart"]
+    if output_dir and not any(a == "--output-dir" or a.startswith("--output-dir=") for a in words):
+        words += ["--output-dir", output_dir]
+    return shlex.join(["llm-train", *words])
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -158,8 +168,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if overrides or args.output_dir:
         root = args.output_dir or str(Path("runs", f"{task}-{time.strftime('%Y%m%d-%H%M%S')}"))
         overrides["paths.output_root"] = root
-        if not args.output_dir:  # a relaunched copy of this command must write to the same folder
+        if not args.output_dir:  # a relaunched copy of this command must write to the same folder, and a resume
             argv = [*argv, "--output-dir", root]
+            args.output_dir = root
         log.info("hand run with overrides %s: writing under %s", overrides, root)
     try:
         params = load_params(args.config_path, overrides)
@@ -201,7 +212,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     metrics = dict(run(params, **kwargs))
     metrics["wall_time_s"] = round(time.perf_counter() - start, 3)
     if is_main_process():
+        from llmpipe.config.identity import IDENTITY_KEY, run_identity
+
         path = metrics_path(params, task, args.model)
+        metrics[IDENTITY_KEY] = run_identity(params, task, args.model)  # the report leaves out files of other runs
         write_json(path, metrics)
         log.info("%s done in %.1f s; metrics in %s", task, metrics["wall_time_s"], path)
     finish()  # every rank of a multi-process run leaves together

@@ -15,6 +15,7 @@ import yaml
 from conftest import ALL_STAGES, TINY_PARAMS, sh, stages_run
 
 from llmpipe.config import stages as registry
+from llmpipe.config.identity import IDENTITY_KEY
 
 pytestmark = pytest.mark.slow
 
@@ -51,12 +52,12 @@ def test_repro_builds_every_artifact(repo, trained_pipeline):
     assert AutoModelForSequenceClassification.from_pretrained(repo / "models" / "reward").config.num_labels == 1
     for stage in ("reward", "ppo", "grpo"):
         metrics = json.loads((repo / "metrics" / f"{stage}.json").read_text())
-        numbers = [v for v in metrics.values() if not isinstance(v, str)]  # e.g. "strategy": "none"
+        numbers = [v for k, v in metrics.items() if not isinstance(v, str) and k != IDENTITY_KEY]  # "strategy": "none"
         assert numbers and all(math.isfinite(v) for v in numbers), stage
         assert (repo / "logs" / stage / "train.csv").read_text().count("\n") > 1, stage
     for model in yaml.safe_load(TINY_PARAMS)["eval"]["models"]:
         metrics = json.loads((repo / "metrics" / "eval" / f"{model}.json").read_text())
-        values = [v for k, v in metrics.items() if k != "wall_time_s"]
+        values = [v for k, v in metrics.items() if k not in ("wall_time_s", IDENTITY_KEY)]
         assert values and all(math.isfinite(v) for v in values), model
     report = (repo / "reports" / "report.md").read_text()
     assert "| dpo |" in report or "dpo" in report
@@ -103,10 +104,13 @@ def test_exp_run_preference_method_reruns_only_dpo_and_after(repo, env):
     assert "kto" in shown and "beta0.2" in shown, "dvc exp show compares the methods"
 
 
-def test_exp_run_kl_coef_reruns_only_ppo_and_after(repo, env):
-    out = sh(repo, env, "dvc", "exp", "run", "-n", "kl0.1", "-S", "ppo.kl_coef=0.1")
+def test_exp_run_kl_target_reruns_only_ppo_and_after(repo, env):
+    out = sh(repo, env, "dvc", "exp", "run", "-n", "kl-adaptive", "-S", "ppo.kl_ctrl=adaptive",
+             "-S", "ppo.kl_target=2.0")  # fmt: skip
     assert stages_run(out) == {"ppo", "evaluate@ppo", "report"}
     assert "resuming from" not in out
+    kl_coef = yaml.safe_load((repo / "params.yaml").read_text())["ppo"]["kl_coef"]
+    assert json.loads((repo / "metrics" / "ppo.json").read_text())["kl_coef_final"] != kl_coef, "it adapted"
 
 
 def test_no_checkpoint_in_git_or_experiment_refs(repo, env):

@@ -51,6 +51,7 @@ def headless(page: Path, screenshot: Path) -> list[str]:
 
 def test_report_card_has_every_stage_and_every_figure_opens(repo):
     text = (repo / "reports" / "report.md").read_text()
+    assert "Not run for these params" not in text, "under dvc repro every metrics file is of the current params"
     for stage in registry.TRAINING_TASKS:
         assert re.search(rf"^\| {stage} \| ", text, re.MULTILINE), f"{stage} has no row in the card"
     links = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", text)
@@ -85,6 +86,7 @@ def test_report_tables_agree_with_metrics_and_dvc_lock(repo, pipeline_env):
         assert f"| {fmt(m.get('tokens_per_s'))} | {fmt(m.get('mfu'))} | {fmt(m.get('peak_memory_gb'))} |" in text
     headline = json.loads((repo / "metrics" / "headline.json").read_text())["headline"]
     checks = json.loads((repo / "metrics" / "report.json").read_text())
+    assert headline["not_run"] == checks["num_not_run"] == 0
     assert headline["checks_run"] == checks["num_checks"] and headline["checks_passed"] == checks["num_checks_passed"]
     sft = json.loads((repo / "metrics" / "eval" / "sft.json").read_text())
     assert headline["sft_chat_bpb"] == round(sft["llmpipe_sft_chat.bits_per_byte"], 4)

@@ -78,15 +78,32 @@ def events_in(run_dir: Path):
 
 
 def test_a_bad_callback_path_is_a_params_error_naming_the_key():
-    with pytest.raises(ParamsError, match=r"sft\.callbacks: 'nowhere\.mod:X': cannot import nowhere\.mod"):
+    with pytest.raises(ParamsError, match=r"sft\.callbacks: 'nowhere\.mod:X': no module named nowhere\.mod: neither "
+                                         r"on the Python path nor in "):
         parse_params({"sft": {"callbacks": ["nowhere.mod:X"]}})
-    with pytest.raises(ParamsError, match=r"train\.callbacks: .*has no attribute Missing"):
+    with pytest.raises(ParamsError, match=r"train\.callbacks: .*has no attribute 'Missing'"):
         parse_params({"train": {"callbacks": [f"{__name__}:Missing"]}})
     with pytest.raises(ParamsError, match=r"dpo\.callbacks: 'json:dumps' is not a subclass"):
         parse_params({"dpo": {"callbacks": ["json:dumps"]}})
     with pytest.raises(ParamsError, match=r"grpo\.callbacks: 'Recorder' is not an import path"):
         parse_params({"grpo": {"callbacks": ["Recorder"]}})
     assert parse_params({"train": {"callbacks": [RECORDER]}}).ppo.callbacks == [RECORDER]  # inherited
+
+
+def test_a_callback_module_in_the_project_folder_imports_as_a_reward_module_does(tmp_path, monkeypatch):
+    """`llm-train` and DVC run in the project folder: a module kept there beside params.yaml needs no install."""
+    import sys
+
+    from llmpipe.callbacks import resolve
+
+    (tmp_path / "project_watch.py").write_text("from llmpipe.callbacks import Callback\n\n\n"
+                                               "class Watch(Callback):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "project_watch", raising=False)
+    assert parse_params({"sft": {"callbacks": ["project_watch:Watch"]}}).sft.callbacks == ["project_watch:Watch"]
+    assert resolve("project_watch:Watch").__module__ == "project_watch"
+    sys.modules.pop("project_watch", None)
 
 
 @pytest.fixture(scope="module")

@@ -132,15 +132,17 @@ def test_generate_writes_one_line_per_prompt(models, name, tmp_path, capsys):
 def test_an_adapter_loads_over_its_base_and_changes_it(models):
     import torch
     from peft import PeftModel
+    from transformers import AutoModelForCausalLM
 
     from llmpipe.commands.generation import load_for_generation
 
-    adapter, _ = load_for_generation(models["adapter"])
+    adapter, _ = load_for_generation(models["adapter"])  # the stages' loader: the adapter merged into its base
     base, tokenizer = load_for_generation(models["sft"])
-    assert isinstance(adapter, PeftModel)
+    by_hand = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(models["sft"]), models["adapter"])
     ids = torch.tensor([tokenizer("def f(x):")["input_ids"]])
     with torch.no_grad():
         assert not torch.allclose(adapter(ids).logits, base(ids).logits), "the LoRA weights are applied"
+        assert torch.allclose(adapter(ids).logits, by_hand(ids).logits, atol=1e-5)
 
 
 @pytest.mark.parametrize(("setup", "argv", "message"), [

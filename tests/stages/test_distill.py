@@ -91,3 +91,45 @@ def test_a_teacher_that_is_not_there_or_runs_later_is_refused(distdir, monkeypat
         teacher_dir(_stage(distdir, teacher="dpo").params)
     with pytest.raises(UserError, match=r"sft\.distill\.teacher: nowhere is not a model folder"):
         _stage(distdir, teacher="nowhere").inputs()
+
+
+def test_a_teacher_with_a_padded_vocabulary_distils_on_the_ids_both_have(distdir, tmp_path, monkeypatch):
+    """The student itself with its embedding padded by 64 rows (the same tokenizer, a vocabulary rounded up): the
+    divergence reads the shared ids, so it is 0 before any step, not a tensor-size error."""
+    from llmpipe.models import load_model, load_tokenizer, save_model
+
+    monkeypatch.chdir(distdir)
+    padded = load_model(distdir / "models" / "pretrain", "")
+    tok = load_tokenizer(distdir / "models" / "pretrain")
+    padded.resize_token_embeddings(len(tok) + 64)
+    save_model(padded, tok, tmp_path / "padded")
+    trainer = _trainer(_stage(distdir, teacher=str(tmp_path / "padded"), alpha=1.0), tmp_path / "run")
+    assert trainer.teacher.get_input_embeddings().weight.shape[0] == len(tok) + 64
+    trainer.model.train()
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    trainer.compute_loss(trainer.model, batch)
+    assert abs(trainer._metrics["train"]["distill_loss"][-1]) <= 1e-6
+
+
+def test_a_teacher_without_a_tokenizer_or_with_another_is_refused_naming_the_key(distdir, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from llmpipe.models import build_model, load_tokenizer
+    from llmpipe.stages.tokenizer import train_bpe
+    from llmpipe.train.distill import load_teacher
+
+    monkeypatch.chdir(distdir)
+    stage = _stage(distdir, teacher="pretrain")
+    tok = load_tokenizer(distdir / stage.params.paths.tokenizer)
+    build_model(stage.params.model, tok).save_pretrained(tmp_path / "bare")  # weights and config, no tokenizer
+    with pytest.raises(UserError, match=r"bare: no tokenizer saved beside the model .*; sft\.distill\.teacher: give a "
+                                        r"teacher saved with the tokenizer of"):
+        load_teacher(_stage(distdir, teacher=str(tmp_path / "bare")).params, tok)
+    other = train_bpe(iter(["def f(x):\n    return x\n" * 50, "print('other text')\n" * 50]), vocab_size=len(tok) + 8,
+                      min_frequency=1, model_max_length=256)
+    other.save_pretrained(tmp_path / "bare")
+    assert AutoTokenizer.from_pretrained(tmp_path / "bare").get_vocab() != tok.get_vocab()
+    with pytest.raises(UserError) as err:
+        load_teacher(_stage(distdir, teacher=str(tmp_path / "bare")).params, tok)
+    assert "different tokenizers" in str(err.value) and "sft.distill.teacher: give a teacher" in str(err.value)
+    assert "point paths.tokenizer" not in str(err.value)

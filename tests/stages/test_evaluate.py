@@ -23,7 +23,8 @@ import yaml
 from safetensors.torch import save_file
 
 from llmpipe import cli
-from llmpipe.config import ModelParams, parse_params
+from llmpipe.config import EVAL_TASKS, ModelParams, parse_params
+from llmpipe.config.identity import IDENTITY_KEY
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import write_jsonl
 from llmpipe.data.corrupt import CORRUPTIONS
@@ -132,17 +133,20 @@ def cli_metrics(tiny_root) -> dict[str, float]:
 # --- evaluate ----------------------------------------------------------------------------------------------
 
 
-def test_evaluate_reports_every_metric_finite(cli_metrics):
+def test_evaluate_reports_every_metric_finite(cli_metrics, tiny_root):
     assert EXPECTED_KEYS <= set(cli_metrics)
-    assert all(math.isfinite(v) for v in cli_metrics.values())
+    assert all(math.isfinite(v) for k, v in cli_metrics.items() if k != IDENTITY_KEY)
     for key in EXPECTED_KEYS:
         if key.endswith("bits_per_byte"):
             assert cli_metrics[key] > 0, key
         if key.endswith(("acc", "acc_norm")):
             assert 0 <= cli_metrics[key] <= 1, key
     # eval.limit caps every task (each set has 4 rows), and the CLI adds the wall time.
-    assert {cli_metrics[f"{t}.num_docs"] for t in LOCAL_TASKS} == {3}
+    assert {cli_metrics[f"{t}.num_docs"] for t in EVAL_TASKS} == {3}
     assert cli_metrics["wall_time_s"] > 0
+    answers = [json.loads(line) for line in (tiny_root / "logs" / "evaluate" / "tiny" / "answers.jsonl").open()]
+    assert [a["prompt"] for a in answers] == [f'{sig}\n    """{doc}"""' for sig, doc, _ in FUNCTIONS[:3]]
+    assert {a["task"] for a in answers} == {"llmpipe_generation"}  # the report shows them side by side
     # llmpipe tasks leave documents longer than the context out, so lm-eval has nothing to cut.
     assert cli_metrics["num_truncated_requests"] == 0
     # Byte perplexity and bits per byte are one number in two units.

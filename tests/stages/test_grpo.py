@@ -67,6 +67,18 @@ def test_rl_metrics_first_and_last_tenth():
     assert m["frac_zero_std_groups"] == 0.25 and m["kl_final"] == 0.185
 
 
+def test_a_run_whose_every_completion_was_clipped_says_so():
+    clipped = [{"reward": 0.0, "completions/mean_length": 3.0, "frac_reward_zero_std": 1.0,
+                "completions/clipped_ratio": 1.0} for _ in range(4)]
+    warning = grpo.all_clipped(clipped, 3)
+    assert warning.startswith("grpo: every completion of all 4 logged steps was cut at "
+                              "grpo.generation.max_new_tokens (3) before its eos")
+    assert grpo.rl_metrics(clipped)["frac_clipped"] == 1.0
+    some = [*clipped[:3], {**clipped[3], "completions/clipped_ratio": 0.75}]
+    assert grpo.all_clipped(some, 3) is None and grpo.rl_metrics(some)["frac_clipped"] == pytest.approx(0.9375)
+    assert grpo.all_clipped([{"train_loss": 0.1}], 3) is None
+
+
 @pytest.mark.slow
 def test_grpo_stage_trains_every_parameter(tiny_sft, monkeypatch):
     monkeypatch.chdir(tiny_sft)
@@ -86,7 +98,7 @@ def test_grpo_stage_trains_every_parameter(tiny_sft, monkeypatch):
     unchanged = [n for n, p in saved.named_parameters() if p.equal(initial[n])]
     assert unchanged == [], f"parameters that did not train: {unchanged}"
     for key in ("reward_first", "reward_last", "response_length_first", "response_length_last", "kl_final",
-                "frac_zero_std_groups", "eval_reward"):
+                "frac_zero_std_groups", "frac_clipped", "eval_reward"):
         assert math.isfinite(metrics[key]), key
 
 
@@ -108,3 +120,79 @@ def test_a_users_reward_function_reaches_the_logged_reward(tiny_sft, user_reward
         rows = list(csv.DictReader(fh))
     assert [float(r["reward"]) for r in rows] == [0.5, 0.5], "weight 2.0 × the function's 0.25"
     assert metrics["eval_reward"] == 0.5
+
+
+# ---- the reference sync (TRL's sync_ref_model; TR-DPO) -------------------------------------------------------------
+
+
+def test_reference_sync_reaches_grpo_config_field_by_field(tmp_path):
+    params = parse_params({"grpo": {"sync_ref_model": True, "ref_model_mixup_alpha": 0.3, "ref_model_sync_steps": 7}})
+    cfg = grpo.grpo_config(params, tmp_path)
+    assert (cfg.sync_ref_model, cfg.ref_model_mixup_alpha, cfg.ref_model_sync_steps) == (True, 0.3, 7)
+    assert grpo.grpo_config(parse_params({}), tmp_path).sync_ref_model is False
+
+
+def test_reference_sync_is_refused_where_it_cannot_work_or_would_be_ignored():
+    with pytest.raises(ParamsError, match=r"grpo\.sync_ref_model needs a reference, and grpo\.beta 0 loads none"):
+        parse_params({"grpo": {"sync_ref_model": True, "beta": 0.0}})
+    with pytest.raises(ParamsError, match=r"grpo\.sync_ref_model with grpo\.peft\.method lora: .*adapter disabled"):
+        parse_params({"grpo": {"sync_ref_model": True, "peft": {"method": "lora"}}})
+    with pytest.raises(ParamsError, match=r"grpo\.ref_model_mixup_alpha applies only with grpo\.sync_ref_model"):
+        parse_params({"grpo": {"ref_model_mixup_alpha": 0.9}})
+    with pytest.raises(ParamsError, match=r"grpo\.ref_model_sync_steps \(200\) exceeds grpo\.max_steps \(100\)"):
+        parse_params({"grpo": {"sync_ref_model": True, "ref_model_sync_steps": 200}})
+    with pytest.raises(ParamsError, match=r"grpo\.sync_ref_model under distributed\.strategy fsdp"):
+        parse_params({"grpo": {"sync_ref_model": True}, "distributed": {"strategy": "fsdp"}})
+    assert parse_params({"grpo": {"sync_ref_model": True, "peft": {"method": "bitfit"}}}).grpo.sync_ref_model
+
+
+@pytest.mark.slow
+def test_the_reference_moves_exactly_at_the_sync_steps_by_the_mixup_formula(tiny_sft, tmp_path, monkeypatch):
+    """Weights of policy and reference after every optimizer step: between syncs the reference stays as it was;
+    at each sync step it becomes alpha × policy + (1 - alpha) × previous reference; each checkpoint holds it."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    from llmpipe.rl.reference import REFERENCE_FILE
+
+    def weights(model) -> dict:  # the state dict: a tied head under both its names, as the checkpoint saves one
+        return {n: t.detach().clone() for n, t in model.state_dict().items()}
+
+    class Snapshots(TrainerCallback):
+        def __init__(self, trainer) -> None:
+            self.trainer, self.steps = trainer, []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.steps.append((weights(self.trainer.model), weights(self.trainer.ref_model)))
+
+    class Recorded(grpo.GRPO):
+        def make_trainer(self, *args):
+            trainer = super().make_trainer(*args)
+            self.snapshots = Snapshots(trainer)
+            trainer.add_callback(self.snapshots)  # after TRL's SyncRefModelCallback: it sees each step's sync
+            return trainer
+
+    monkeypatch.chdir(tiny_sft)
+    alpha, every = 0.5, 2
+    params = load_params("params.yaml", {"paths.output_root": str(tmp_path), "grpo.sync_ref_model": True,
+                                         "grpo.ref_model_mixup_alpha": alpha, "grpo.ref_model_sync_steps": every})  # fmt: skip
+    stage = Recorded(params)
+    stage.run()
+
+    assert len(stage.snapshots.steps) == params.grpo.max_steps == 4
+    previous = weights(load_model("models/sft", ""))
+    for step, (policy, reference) in enumerate(stage.snapshots.steps, start=1):
+        assert reference.keys() == previous.keys()
+        if step % every:
+            assert all(torch.equal(reference[n], previous[n]) for n in reference), f"step {step}: moved between syncs"
+        else:
+            for n in reference:  # TRL's update: ref.mul_(1 - alpha).add_(policy, alpha=alpha)
+                torch.testing.assert_close(reference[n], previous[n] * (1 - alpha) + alpha * policy[n], atol=1e-7,
+                                           rtol=0, msg=f"step {step}: {n}")  # fmt: skip
+            assert any(not torch.equal(reference[n], previous[n]) for n in reference), f"step {step}: no change"
+        previous = reference
+    for step in (2, 4):
+        (saved,) = tmp_path.glob(f"checkpoints/grpo/*/checkpoint-{step}/{REFERENCE_FILE}")
+        stored, recorded = load_file(saved), stage.snapshots.steps[step - 1][1]
+        assert stored.keys() <= recorded.keys() and all(torch.equal(stored[n], recorded[n]) for n in stored)

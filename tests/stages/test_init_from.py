@@ -10,59 +10,25 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import TINY_PARAMS
 from user_models import (
     PLAIN_TEMPLATE,
     QWEN_TEMPLATE,
+    STEPS,
     chat_tokenizer,
     gpt2_tokenizer,
     hub_cache,
+    params_at,
     pointer,
+    run_stages,
     save_user_model,
     weights,
 )
 
 from llmpipe.config import parse_params
+from llmpipe.config.loading import shadowed_train_keys
 from llmpipe.core.errors import UserError
 from llmpipe.models import build_model, init_model, load_model, load_tokenizer
 from llmpipe.models.source import weights_dir
-
-STEPS = {"max_steps": 2, "eval_steps": 2, "save_steps": 2, "warmup_steps": 0, "logging_steps": 1}
-
-
-def user_data(root: Path) -> dict[str, str]:
-    """An Alpaca SFT file and a preference jsonl, as a user brings them."""
-    raw = root / "raw"
-    raw.mkdir()
-    alpaca = [{"instruction": f"Add {i} to x.", "input": "", "output": f"def f(x):\n    return x + {i}\n"}
-              for i in range(30)]
-    (raw / "alpaca.json").write_text(json.dumps(alpaca))
-    pairs = [{"prompt": f"Add {i} to x.", "chosen": f"return x + {i}", "rejected": f"return x - {i}"} for i in range(30)]
-    (raw / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    return {"sft": str(raw / "alpaca.json"), "preference": str(raw / "pairs.jsonl")}
-
-
-def params_at(root: Path, init_from: str, **sections):
-    """TINY_PARAMS in `root` (every path absolute), starting from `init_from` on the user data of :func:`user_data`,
-    without pretraining unless `sections` say otherwise."""
-    raw = yaml.safe_load(TINY_PARAMS)
-    raw["paths"] = {k: str(root / k) for k in ("data", "models", "metrics", "logs", "checkpoints", "runs")}
-    raw["paths"]["tokenizer"] = str(root / "artifacts" / "tokenizer")
-    local = user_data(root) if not (root / "raw").exists() else {
-        "sft": str(root / "raw" / "alpaca.json"), "preference": str(root / "raw" / "pairs.jsonl")}
-    raw["data"] = {**raw["data"], "source": "local", "local": local}
-    raw["model"] = {"init_from": init_from}
-    raw["pretrain"] = {**raw["pretrain"], "enabled": False}
-    raw["sft"] = {**raw["sft"], **STEPS}
-    for key, value in sections.items():
-        raw[key] = {**raw.get(key, {}), **value}
-    return parse_params(raw)
-
-
-def run_stages(params, *names: str) -> dict[str, dict]:
-    from llmpipe import stages
-
-    return {name: stages.runner(name)(params) for name in names}
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +52,9 @@ def test_tokenizer_stage_adopts_the_models_tokenizer_and_marks_its_template(llam
     assert ours.apply_chat_template(chat, tokenize=False) == own.apply_chat_template(chat, tokenize=False)
     mask = ours.apply_chat_template(chat, return_dict=True, return_assistant_tokens_mask=True)["assistant_masks"]
     assert 0 < sum(mask) < len(mask), "the assistant turn, and only it, is marked"
+    saved = load_tokenizer(Path(params.paths.models, "pretrain"))
+    assert "generation %}" not in saved.chat_template, "the marked copy is for training: model folders get the plain one"
+    assert saved.apply_chat_template(chat, tokenize=False) == own.apply_chat_template(chat, tokenize=False)
 
 
 def test_pretrain_disabled_writes_a_pointer_that_loads_the_given_weights(llama):
@@ -129,12 +98,14 @@ def test_gpt2_without_pad_or_template_is_fitted_and_pretrained_further(tmp_path)
     assert not torch.equal(model.get_input_embeddings().weight[: len(tok)], given), "continued pretraining trained it"
 
 
-def test_a_template_without_markers_is_refused_by_sft_naming_the_key(tmp_path):
+def test_a_template_without_markers_trains_on_masks_computed_by_rendering(tmp_path, caplog):
     source = save_user_model(tmp_path / "qwen", "qwen2", chat_tokenizer(PLAIN_TEMPLATE), extra_rows=16)
     params = params_at(tmp_path, str(source))
     run_stages(params, "prepare", "tokenizer", "pretrain")
-    with pytest.raises(UserError, match=r"sft.assistant_only_loss is true .*\{% generation %\}.*sft.assistant_only_loss: false"):
-        run_stages(params, "sft")
+    with caplog.at_level("INFO", logger="llmpipe"):
+        metrics = run_stages(params, "sft")["sft"]
+    assert "assistant masks computed by rendering" in caplog.text
+    assert metrics["steps"] == 2 and metrics["num_fully_truncated"] == 0, "every sample keeps its answer's labels"
     model = load_model(Path(params.paths.models, "pretrain"), "?")
     rows = json.loads((source / "config.json").read_text())["vocab_size"]
     assert model.config.model_type == "qwen2" and model.get_input_embeddings().num_embeddings == rows
@@ -207,6 +178,17 @@ def test_params_refuse_what_would_be_ignored_or_impossible(raw, message):
         parse_params(raw)
 
 
+def test_sft_by_hand_before_the_pointer_exists_says_to_run_pretrain_which_trains_nothing(tmp_path):
+    from llmpipe.stages.sft import SFT
+
+    params = parse_params({"paths": {"models": str(tmp_path / "models")}, "model": {"init_from": "my/model"},
+                           "data": {"source": "local", "local": {"sft": "a.json"}}, "pretrain": {"enabled": False}})
+    with pytest.raises(UserError, match=r"models/pretrain: no model there; pretrain\.enabled is false, so the pretrain "
+                                        r"stage writes there only a pointer to model\.init_from \(my/model\), in "
+                                        r"seconds: run `llm-train --task pretrain` \(or dvc repro pretrain\) first"):
+        SFT(params).load_model()
+
+
 def test_no_pretraining_text_is_needed_when_nothing_is_pretrained():
     params = parse_params({"data": {"source": "local", "local": {"sft": "a.json"}},
                            "model": {"init_from": "m"}, "pretrain": {"enabled": False}})
@@ -224,3 +206,5 @@ def test_the_fine_tune_guides_example_validates():
     example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", guide, re.S).group(1))
     params = parse_params(merged_params(ROOT, example))
     assert not params.model.scratch and not params.pretrain.enabled and params.data.local.pretrain is None
+    assert not shadowed_train_keys(merged_params(ROOT, example)), "a train: key of the example that no stage reads"
+    assert params.sft.per_device_train_batch_size == params.dpo.per_device_train_batch_size == 4

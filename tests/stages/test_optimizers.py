@@ -182,15 +182,20 @@ def test_muon_steps_the_hidden_weight_matrices_only():
     assert moved == HIDDEN
 
 
-def test_ppo_builds_muon_over_policy_and_value_model(tmp_path):
-    from llmpipe.rl.ppo.build import make_optimizer
+def test_ppo_builds_muon_for_policy_and_value_model(tmp_path):
+    from llmpipe.rl.ppo.build import make_optimizer, value_section
 
     policy, value = _llama(), _llama(cls_name="LlamaForSequenceClassification", num_labels=1)
-    opt = make_optimizer(parse_params({"ppo": {"optim": "muon"}}), tmp_path, [policy, value])
-    assert isinstance(opt, MuonWithAdamW)
-    adamw = {id(p) for g in opt.adamw.param_groups for p in g["params"]}
-    assert id(value.score.weight) in adamw and id(policy.lm_head.weight) in adamw
-    assert len(opt.muon.param_groups[0]["params"]) == 2 * len(HIDDEN)
+    params = parse_params({"ppo": {"optim": "muon", "value_lr": 3e-4}})
+    opts = {"policy": make_optimizer(params, tmp_path, policy, params.ppo),
+            "value": make_optimizer(params, tmp_path, value, value_section(params.ppo))}  # fmt: skip
+    assert all(isinstance(opt, MuonWithAdamW) for opt in opts.values())
+    adamw = {name: {id(p) for g in opt.adamw.param_groups for p in g["params"]} for name, opt in opts.items()}
+    assert id(value.score.weight) in adamw["value"] and id(policy.lm_head.weight) in adamw["policy"]
+    assert all(len(opt.muon.param_groups[0]["params"]) == len(HIDDEN) for opt in opts.values())
+    # the value model's rates: value_lr for AdamW, and muon_lr scaled by value_lr / lr alike
+    assert opts["value"].adamw.param_groups[0]["lr"] == 3e-4
+    assert opts["value"].muon.param_groups[0]["lr"] == pytest.approx(params.ppo.muon_lr * 3e-4 / params.ppo.lr)
 
 
 def test_muon_resumes_exactly_from_a_checkpoint(tmp_path):

@@ -193,7 +193,7 @@ def test_peft_params_inherit_from_train_and_are_checked():
         ({"pretrain": {"peft": {"method": "lora"}}}, "pretrain trains the base model in full"),
         ({"sft": {"peft": {"method": "prefix_tuning"}}}, "set peft.merge: false"),
         ({"sft": {"peft": {"method": "adalora"}, "max_steps": -1}}, "sft.max_steps"),
-        ({"ppo": {"peft": {"method": "adalora"}}}, "use lora for ppo"),
+        ({"ppo": {"peft": {"method": "adalora"}}}, "set ppo.peft.method to lora or ia3"),
         ({"sft": {"peft": {"lora_alpa": 4}}}, "sft.peft.lora_alpa: unknown key; did you mean 'lora_alpha'?"),
     ]:
         with pytest.raises(ParamsError, match=re.escape(needle)):

@@ -49,6 +49,7 @@ def test_method_trains_every_parameter_with_a_logged_loss(tiny_sft, method, monk
     assert metrics["steps"] == STEPS["max_steps"]
     rows = list(csv.DictReader((tiny_sft / f"out-{method}" / "logs" / "dpo" / "train.csv").open()))
     assert len(rows) == STEPS["max_steps"] and all(r["loss"] != "" for r in rows)
+    assert all(float(r["tokens_per_s"]) > 0 for r in rows), "tokens of both sequences counted (CPO/ORPO: no input_ids)"
     assert metrics["num_identical_pairs"] >= 0 and "num_fully_truncated_eval" in metrics
     assert len(loads) == (2 if method == "kto" else 1), "reference-free methods load no reference model"
     before = load_model(tiny_sft / "models" / "sft", "")
@@ -110,22 +111,102 @@ def test_the_dpo_loss_choice_is_left_unread_with_a_warning_under_another_method_
     assert parse_params({}).dpo.method == "dpo"
 
 
-def test_kto_rows_come_from_pairs_or_from_an_unpaired_file(tmp_path):
-    from llmpipe.stages.dpo import unpaired_split
+def test_kto_rows_come_from_pairs_or_from_an_unpaired_file_shuffled(tmp_path):
+    from llmpipe.train.kto import unpaired_split
 
-    prompt = [{"role": "user", "content": "q"}]
     pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps({"prompt": prompt, "chosen": [{"role": "assistant", "content": c}],
-                                         "rejected": [{"role": "assistant", "content": r}]}) + "\n"
-                             for c, r in (("a", "b"), ("c", "d"))))  # fmt: skip
-    rows = unpaired_split(pairs, None)
-    assert [(r["completion"][0]["content"], r["label"]) for r in rows] == [
-        ("a", True), ("b", False), ("c", True), ("d", False)]
+    pairs.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"q{i}"}],
+                                         "chosen": [{"role": "assistant", "content": f"good {i}"}],
+                                         "rejected": [{"role": "assistant", "content": f"bad {i}"}]}) + "\n"
+                             for i in range(20)))  # fmt: skip
+    rows = unpaired_split(pairs, None, seed=42)
+    got = [(r["prompt"][0]["content"], r["completion"][0]["content"], r["label"]) for r in rows]
+    assert sorted(got) == sorted([(f"q{i}", f"good {i}", True) for i in range(20)]
+                                 + [(f"q{i}", f"bad {i}", False) for i in range(20)])
+    side_by_side = sum(a[0] == b[0] for a, b in zip(got, got[1:]))
+    assert side_by_side < 5, "a pair's two rows are not laid next to each other"  # 39 neighbours, 1 in 39 by chance
+    assert [r["label"] for r in unpaired_split(pairs, None, seed=42)] == [r["label"] for r in rows]  # seeded
     unpaired = tmp_path / "unpaired.jsonl"
-    unpaired.write_text(json.dumps({"prompt": prompt, "completion": [{"role": "assistant", "content": "x"}],
-                                    "label": False}) + "\n")  # fmt: skip
-    assert unpaired_split(unpaired, None)["label"] == [False]
+    unpaired.write_text(json.dumps({"prompt": [{"role": "user", "content": "q"}],
+                                    "completion": [{"role": "assistant", "content": "x"}], "label": False}) + "\n")
+    assert unpaired_split(unpaired, None, seed=0)["label"] == [False]
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"prompt": prompt, "answer": "x"}) + "\n")
+    bad.write_text(json.dumps({"prompt": "q", "answer": "x"}) + "\n")
     with pytest.raises(UserError, match="dpo.method kto needs pairs"):
-        unpaired_split(bad, None)
+        unpaired_split(bad, None, seed=0)
+
+
+def kl_rows(prompts: list[int]):
+    """TRL-prepared KTO rows with these prompt ids (one token each), completion i = [100 + i], and TRL's own KL
+    completions: rotated by one within batches of 2."""
+    from datasets import Dataset
+
+    completions = [[100 + i] for i in range(len(prompts))]
+    kl = []
+    for start in range(0, len(prompts), 2):  # trl.KTOTrainer's own rule (add_kl_completion_ids)
+        batch = completions[start:start + 2]
+        kl += batch[-1:] + batch[:-1]
+    return Dataset.from_dict({"prompt_ids": [[p] for p in prompts], "completion_ids": completions,
+                              "KL_completion_ids": kl, "label": [i % 2 == 0 for i in range(len(prompts))]})
+
+
+def test_each_kto_example_is_paired_for_its_kl_term_with_another_prompts_completion():
+    """Pairs laid side by side (TRL's rotation then pairs each row with its own prompt's other answer) and a tail
+    batch of one row (paired with itself): every KL completion comes from another prompt, within the batch where
+    one is there."""
+    from llmpipe.train.kto import label_counts, mismatched_kl
+
+    prompts = [0, 0, 1, 1, 2, 3, 4]  # batches of 2: (0, 0) (1, 1) (2, 3) (4,)
+    before = kl_rows(prompts)
+    assert sum(prompts[before["completion_ids"].index(k)] == p for k, p in zip(before["KL_completion_ids"], prompts)) > 3
+    after = mismatched_kl(before, batch_size=2)
+    owner = {c[0]: p for c, p in zip(after["completion_ids"], prompts)}
+    assert all(owner[k[0]] != p for k, p in zip(after["KL_completion_ids"], prompts))
+    assert after["KL_completion_ids"][4:6] == [[105], [104]]  # a batch of two prompts: its completions, swapped
+    assert after["KL_completion_ids"][6] != [106]  # the tail batch of one row
+    assert label_counts(after) == {"num_desirable": 4, "num_undesirable": 3}
+    with pytest.raises(UserError, match="every preference example has the same prompt"):
+        mismatched_kl(kl_rows([7, 7, 7]), batch_size=2)
+
+
+def test_kto_with_one_example_per_batch_is_a_params_error():
+    with pytest.raises(ValueError, match=r"dpo.per_device_train_batch_size is 1 under dpo.method kto: KTO estimates"):
+        parse_params({"dpo": {"method": "kto", "per_device_train_batch_size": 1}})
+    with pytest.raises(ValueError, match=r"dpo.per_device_train_batch_size is 1 under dpo.method kto"):
+        parse_params({"train": {"per_device_train_batch_size": 1}, "dpo": {"method": "kto"}})  # inherited
+    assert parse_params({"dpo": {"method": "dpo", "per_device_train_batch_size": 1}})
+
+
+@pytest.mark.slow  # ~1 min: a few KTO steps of the tiny model
+def test_kto_trains_on_unpaired_rows_with_other_prompts_in_its_kl_term(tiny_sft, tmp_path, monkeypatch):
+    """Unpaired rows as prepare writes them from a prompt/completion/label file, an odd number of them in batches of
+    2 (a tail batch of one): every KL completion TRL's trainer uses is another prompt's; the label counts are
+    metrics."""
+    from llmpipe.core.io import read_jsonl, write_jsonl
+    from llmpipe.stages import dpo
+    from llmpipe.train import kto
+
+    monkeypatch.chdir(tiny_sft)
+    for split in ("train", "validation"):
+        pairs = [p for p in read_jsonl(tiny_sft / "data" / "preference" / f"{split}.jsonl")
+                 if len(json.dumps(p["prompt"])) < 200][:6]  # short prompts: their answers fit dpo.max_length
+        rows = [{"prompt": p["prompt"], "completion": p[key], "label": key == "chosen"}
+                for p in pairs for key in ("chosen", "rejected")]
+        write_jsonl(tmp_path / "data" / "preference" / f"{split}.jsonl", rows)
+    params = method_params(tiny_sft, "kto", num_samples=7, per_device_train_batch_size=2, max_eval_samples=5,
+                           max_length=256)
+    params = params.model_copy(update={"paths": params.paths.model_copy(update={"data": str(tmp_path / "data")})})
+    seen, mismatched_kl = [], kto.mismatched_kl
+
+    def observed(dataset, batch_size):  # the real function; its results kept to look at
+        seen.append(mismatched_kl(dataset, batch_size))
+        return seen[-1]
+
+    monkeypatch.setattr(kto, "mismatched_kl", observed)
+    metrics = dpo.run(params)
+    assert metrics["steps"] == STEPS["max_steps"]
+    assert metrics["num_desirable"] + metrics["num_undesirable"] == 7 and metrics["num_undesirable"] > 0
+    for prepared in seen:  # train, then validation
+        prompt_of = {tuple(c): tuple(p) for p, c in zip(prepared["prompt_ids"], prepared["completion_ids"])}
+        assert all(prompt_of[tuple(k)] != tuple(p) for p, k in zip(prepared["prompt_ids"],
+                                                                    prepared["KL_completion_ids"]))

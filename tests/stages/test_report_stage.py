@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from test_evaluate import cli_metrics, make_params, tiny_root  # noqa: F401  (fixtures and params of the evaluate tests)
 
-from llmpipe.core.errors import UserError
+from llmpipe.config import parse_params
+from llmpipe.config.identity import IDENTITY_KEY, run_identity
+from llmpipe.config.stages import REGISTRY
 from llmpipe.evaluation.checks import rl_reward_gain
-from llmpipe.report import tables
+from llmpipe.report import card, tables
 from llmpipe.stages import report
 
 
@@ -23,6 +25,16 @@ def write_metrics(root: Path, evals: dict[str, dict[str, float]]) -> None:
     (metrics / "prepare.json").write_text(json.dumps({"num_files": 700, "wall_time_s": 5.5}))
     (metrics / "pretrain.json").write_text(json.dumps(
         {"train_loss": 2.5, "eval_loss": 2.25, "steps": 600, "tokens_per_s": 11234.5, "wall_time_s": 321.0}))
+
+
+def stamp(params) -> None:
+    """Record in each metrics file the run identity the CLI records (`llmpipe.config.identity`) under `params`: the
+    report then takes them for this run's."""
+    metrics = Path(params.paths.metrics)
+    named = [(p, p.stem, None) for p in metrics.glob("*.json") if p.stem in REGISTRY]
+    for path, task, model in [*named, *((p, "evaluate", p.stem) for p in (metrics / "eval").glob("*.json"))]:
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({**data, IDENTITY_KEY: run_identity(params, task, model)}))
 
 
 def model_metrics(bpb: float, chat: float, plain: float, pref: float, wall: float) -> dict[str, float]:
@@ -40,10 +52,11 @@ def test_report_passing(tmp_path):
         "dpo": model_metrics(2.2, 1.1, 1.5, 0.70, 64.0),
     })  # fmt: skip
     _, params = make_params(tmp_path, models=["baseline", "pretrain", "sft", "dpo"])
+    stamp(params)
     metrics = report.run(params)
     assert metrics == {"check_pretrain_bpb_ratio": 0.5, "check_sft_chat_bpb_delta": -0.5,
                        "check_dpo_preference_acc_norm_delta": pytest.approx(0.15), "num_checks": 3, "num_checks_passed": 3,
-                       "cost_sft_bpb_ratio": pytest.approx(1.05), "cost_dpo_bpb_ratio": pytest.approx(2.2 / 2.1)}
+                       "num_not_run": 9, "cost_sft_bpb_ratio": pytest.approx(1.05), "cost_dpo_bpb_ratio": pytest.approx(2.2 / 2.1)}
     text = (tmp_path / "reports" / "report.md").read_text()
     lines = text.splitlines()
     perplexity = lines[lines.index("### llmpipe_perplexity"):lines.index("### llmpipe_sft_chat")]
@@ -67,13 +80,15 @@ def test_report_failing_and_skipped(tmp_path):
         "sft": model_metrics(3.0, 1.6, 1.4, 0.55, 63.0),
     })  # fmt: skip
     _, params = make_params(tmp_path, models=["baseline", "pretrain", "sft"])
+    stamp(params)
     metrics = report.run(params)
     assert metrics["check_pretrain_bpb_ratio"] == 0.8 and metrics["check_sft_chat_bpb_delta"] == pytest.approx(0.1)
     assert "check_dpo_preference_acc_norm_delta" not in metrics
     assert (metrics["num_checks"], metrics["num_checks_passed"]) == (2, 0)
     lines = (tmp_path / "reports" / "report.md").read_text().splitlines()
     assert sum(line.startswith("- ✗") for line in lines) == 2
-    assert any(line.startswith("- –") and "skipped: dpo not in eval.models" in line for line in lines)
+    assert any(line.startswith("- –") and "skipped: no evaluation of dpo for these params (in eval.models?"
+               in line for line in lines)
 
 
 def test_report_rl_checks_and_drift_table(tmp_path):
@@ -91,6 +106,7 @@ def test_report_rl_checks_and_drift_table(tmp_path):
     (metrics_dir / "ppo.json").write_text(json.dumps(rl))  # gain 0.125 / 0.05 = 2.5 s.e.: passes
     (metrics_dir / "grpo.json").write_text(json.dumps({**rl, "reward_last": 0.29}))  # 1.8 s.e.: fails
     _, params = make_params(tmp_path, models=["sft", "grpo"])
+    stamp(params)
     metrics = report.run(params)
     assert metrics["check_reward_min_accuracy"] == 0.5
     assert metrics["check_ppo_reward_gain_se"] == pytest.approx(2.5)
@@ -115,23 +131,91 @@ def test_rl_check_says_what_happened_when_it_has_no_gain_to_measure():
     few = rl_reward_gain({"grpo": {**flat, "frac_zero_std_groups": 0.5}}, "grpo")
     assert few.passed is None and "logged too few steps for a standard error" in few.detail
     assert "grpo.logging_steps" in few.detail
-    assert "no metrics/ppo.json (run the ppo stage)" in rl_reward_gain({}, "ppo").detail
+    assert "no metrics/ppo.json of these params (run the ppo stage)" in rl_reward_gain({}, "ppo").detail
 
 
-def test_report_needs_every_models_evaluation(tmp_path):
+def test_report_without_a_models_evaluation_shows_it_as_not_run(tmp_path):
     write_metrics(tmp_path, {"baseline": model_metrics(4.0, 4.0, 4.1, 0.3, 1.0)})
     _, params = make_params(tmp_path, models=["baseline", "sft"])
-    with pytest.raises(UserError, match=r"sft\.json: missing; .*dvc repro evaluate@sft"):
-        report.run(params)
-    assert not (tmp_path / "reports").exists()
+    stamp(params)
+    assert report.run(params)["num_not_run"] == 10  # evaluate@sft and the 9 stages but prepare and pretrain
+    text = (tmp_path / "reports" / "report.md").read_text()
+    assert f"- **evaluate@sft**: no {tmp_path / 'metrics' / 'eval' / 'sft.json'}" in text
+    assert "| sft |" not in text.split("## Results per task")[1]
 
 
 def test_report_on_a_real_evaluation(tiny_root, cli_metrics):  # noqa: F811 (fixtures imported above)
     """The report reads what the evaluate stage wrote (no checks apply to a lone model)."""
     _, params = make_params(tiny_root)
-    assert report.run(params) == {"num_checks": 0, "num_checks_passed": 0}
+    assert report.run(params) == {"num_checks": 0, "num_checks_passed": 0, "num_not_run": 11}
     text = (tiny_root / "reports" / "report.md").read_text()
     assert f"| tiny | {tables.fmt(cli_metrics['llmpipe_perplexity.bits_per_byte'])} |" in text
     assert "| evaluate@tiny |" in text
 
 
+
+
+def test_report_uses_only_metrics_of_the_current_params_and_inputs(tmp_path):
+    """Files of another run (params or an input changed since, or no identity recorded) are left out everywhere:
+    checks, tables, samples, figures and the headline; the card names each and why."""
+    evals = {m: model_metrics(2.1, 1.0, 1.4, 0.55, 60.0) for m in ("sft", "dpo", "ppo")}
+    write_metrics(tmp_path, evals)
+    metrics_dir, logs = tmp_path / "metrics", tmp_path / "logs"
+    rl = {"reward_first": 0.2, "reward_first_se": 0.03, "reward_last": 0.9, "reward_last_se": 0.04, "steps": 4,
+          "eval_reward": 0.8, "wall_time_s": 99.0}
+    (metrics_dir / "ppo.json").write_text(json.dumps(rl))
+    (metrics_dir / "reward.json").write_text(json.dumps({"accuracy": 0.9, "num_pairs": 400, "steps": 4}))
+    (logs / "ppo").mkdir(parents=True)
+    (logs / "ppo" / "samples.jsonl").write_text(json.dumps({"step": 4, "prompt": "p", "completion": "PPO-ANSWER"}))
+    (logs / "ppo" / "train.csv").write_text("step,loss,reward\n2,0.3,0.1\n4,0.2,0.5\n")
+    raw, params = make_params(tmp_path, models=["sft", "dpo", "ppo"])
+    stamp(params)  # the earlier run: every file current
+    assert report.run(params)["check_ppo_reward_gain_se"] > 2
+    (metrics_dir / "vlm.json").write_text(json.dumps({"test_accuracy": 0.9, "steps": 4}))  # no identity
+    (tmp_path / "models" / "sft").mkdir(parents=True)
+    (tmp_path / "models" / "sft" / "config.json").write_text("{}")  # a new models/sft: its users are stale
+    params = parse_params({**raw, "ppo": {"lr": 1e-5}})
+    metrics = report.run(params)
+    text = (tmp_path / "reports" / "report.md").read_text()
+    head, rest = text.split("## Checks")
+    assert "## ⚠ Not run for these params" in head and "This card shows none of their results" in head
+    sft_eval = tmp_path / "metrics" / "eval" / "sft.json"
+    assert (f"- **evaluate@sft**: {sft_eval} is from another run (changed since: input {tmp_path / 'models' / 'sft'})"
+            in head)
+    assert "- **ppo**:" in head and f"input {tmp_path / 'models' / 'sft'}, params ppo)" in head
+    assert "- **reward**:" in head and "- **vlm**:" in head and "records no run identity" in head
+    assert "check_ppo_reward_gain_se" not in metrics and "check_reward_min_accuracy" not in metrics
+    assert "skipped: no metrics/ppo.json of these params" in rest
+    assert "PPO-ANSWER" not in text and "| ppo | 0.2 ± 0.03" not in text
+    assert f"| ppo | {card.NOT_RUN} |" in text and f"| vlm | {card.NOT_RUN} |" in text
+    assert "| evaluate@sft |" not in text and "| evaluate@dpo | 60.0 |" in text  # dpo's evaluation is of models/dpo
+    headline = json.loads((metrics_dir / "headline.json").read_text())["headline"]
+    assert "ppo_reward" not in headline and "reward_acc" not in headline and "vlm_acc" not in headline
+    assert headline["not_run"] == metrics["num_not_run"] == 10
+
+
+def test_report_on_users_data_speaks_of_their_data(tmp_path):
+    """data.source other than stdlib: no check or task description of Python functions; check 6 waits for tasks
+    with tests; the greedy answers of every model stand side by side."""
+    evals = {m: model_metrics(2.1, 1.0, 1.4, 0.55, 60.0) for m in ("baseline", "pretrain", "sft", "dpo", "grpo")}
+    for m in evals.values():
+        m |= {"llmpipe_answers.exact": 0.1, "llmpipe_answers.distinct": 0.3}
+    write_metrics(tmp_path, evals)
+    for model in evals:
+        answers = tmp_path / "logs" / "evaluate" / model / "answers.jsonl"
+        answers.parent.mkdir(parents=True)
+        answers.write_text("".join(json.dumps({"task": "llmpipe_answers", "prompt": f"Q{i}?", "answer": f"{model}-{i}"})
+                                   + "\n" for i in range(4)))
+    raw, _ = make_params(tmp_path, models=list(evals))
+    params = parse_params({**raw, "data": {"source": "hf", "hf": {"dataset_name": "my/texts"}}})
+    stamp(params)
+    report.run(params)
+    text = (tmp_path / "reports" / "report.md").read_text()
+    for stdlib_words in ("real body", "corrupt", "held-out code", "held-out module", "bodies", "llmpipe_generation",
+                         "llmpipe_signature_mc", "function"):
+        assert stdlib_words not in text, stdlib_words
+    assert "dpo prefers the chosen response of held-out pairs more often than sft" in text
+    assert "grpo writes distinct answers for at least 50% of the prompts (llmpipe_answers.distinct)" in text
+    assert "skipped: no llmpipe_tasks.tests_pass" in text
+    answers = text.split("## Greedy answers")[1].split("\n## ")[0]
+    assert answers.count("### Prompt ") == 3 and "| grpo | grpo-2 |" in answers

@@ -25,16 +25,22 @@ from llmpipe.config import load_params
 from llmpipe.config import stages as registry
 from llmpipe.train.checkpoints import newest_whole
 
-# Per stage: steps, checkpoint interval, and every step logged (so each step's loss can be compared).
+# Per stage: steps, checkpoint interval, and every step logged (so each step's loss can be compared); the RL stages
+# also run the controls whose state a checkpoint must carry: PPO's adaptive KL coefficient (a horizon short enough
+# to move it by ~8 % a step) and its value model's own schedule, GRPO's reference sync (a sync at step 2, before the
+# kill, and at step 4, after the resume).
 RESUME = {
     "pretrain": {"max_steps": 9, "save_steps": 4, "eval_steps": 9, "logging_steps": 1},
     "sft": {"max_steps": 9, "save_steps": 4, "eval_steps": 9, "logging_steps": 1},
     "dpo": {"max_steps": 9, "save_steps": 4, "eval_steps": 9, "logging_steps": 1},
     "reward": {"max_steps": 9, "save_steps": 4, "eval_steps": 9, "logging_steps": 1},
     # RL stages: a step is a generation round (GRPO) or a rollout plus its PPO epochs, so fewer of them.
-    "grpo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1},
+    "grpo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1, "sync_ref_model": True,
+             "ref_model_sync_steps": 2, "ref_model_mixup_alpha": 0.5},
     "rloo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1},
-    "ppo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1},
+    "ppo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1, "kl_ctrl": "adaptive",
+            "kl_target": 0.5, "kl_horizon": 20.0, "value_lr": 3e-4, "value_warmup_steps": 3,
+            "value_lr_scheduler_type": "linear"},
     "vlm": {"max_steps": 9, "save_steps": 4, "eval_steps": 9, "logging_steps": 1},
 }
 
@@ -129,9 +135,31 @@ def test_a_killed_stage_resumes_exactly(stagedir, case, tmp_path, monkeypatch):
         assert float(a["loss"]) == pytest.approx(float(b["loss"]), abs=1e-4), f"step {a['step']}"
     final = registry.REGISTRY[stage].best_metric[0]  # eval_reward for the RL stages
     assert resumed[final] == pytest.approx(reference[final], abs=1e-4)
+    if stage == "ppo":  # the KL coefficient and the value model's rate continue from the checkpoint
+        for column in ("kl_coef", "value_learning_rate"):
+            assert [float(a[column]) for a in got] == pytest.approx([float(b[column]) for b in want], rel=1e-6), column
+        assert resumed["kl_coef_final"] == pytest.approx(reference["kl_coef_final"], abs=2e-6)
+    if stage == "grpo":  # the synced reference continues from the checkpoint, not from models/sft
+        _assert_same_reference(killed, whole, stagedir / "models" / "sft")
     if case in ADAPTER_CASES:
         adapter = killed / "models" / stage / "adapter" / "adapter_model.safetensors"
         assert adapter.read_bytes() == (whole / "models" / stage / "adapter" / adapter.name).read_bytes()
+
+
+def _assert_same_reference(killed: Path, whole: Path, start: Path) -> None:
+    """The last checkpoint's synced GRPO reference is that of the uninterrupted run, and moved from `start`."""
+    import torch
+    from safetensors.torch import load_file
+
+    from llmpipe.rl.reference import REFERENCE_FILE
+
+    last = f"checkpoint-{RESUME['grpo']['max_steps']}"
+    (a,), (b,) = (list(root.glob(f"checkpoints/grpo/*/{last}/{REFERENCE_FILE}")) for root in (killed, whole))
+    got, want, initial = load_file(a), load_file(b), load_file(start / "model.safetensors")
+    assert got.keys() == want.keys()
+    for name in got:
+        torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=0, msg=name)
+    assert any(not torch.equal(got[n], initial[n]) for n in got.keys() & initial.keys()), "the reference never moved"
 
 
 # ---- the resume rules, on pretrain (the cheapest stage) ----------------------------------------------------------
@@ -259,22 +287,35 @@ def test_newest_is_the_most_recently_finished_whole_checkpoint(tmp_path):
     assert newest_whole(tmp_path) == tmp_path / "checkpoint-5"
 
 
+def test_the_resume_command_of_a_hand_run_names_the_folder_it_wrote_to():
+    from llmpipe.cli import resume_command
+
+    assert resume_command(["--task", "sft", "--lr", "1e-4"], "runs/sft-20261204-101500") == (
+        "llm-train --task sft --lr 1e-4 --output-dir runs/sft-20261204-101500")  # again without it: a new folder
+    assert resume_command(["--task", "sft", "--restart", "--output-dir=my run"], "my run") == (
+        "llm-train --task sft '--output-dir=my run'")
+    assert resume_command(["--task", "sft"], None) == "llm-train --task sft"
+
+
 @pytest.mark.slow
 def test_ctrl_c_says_how_to_resume(stagedir, tmp_path):
-    """SIGINT (Ctrl-C) after a checkpoint: exit 130 with one line saying the same command resumes, no traceback."""
-    root = tmp_path / "interrupted"
-    cmd = [sys.executable, "-m", "llmpipe.cli", "--task", "pretrain", "--output-dir", str(root), "--steps-per-epoch",
-           "5000"]  # fmt: skip
+    """SIGINT (Ctrl-C) after a checkpoint of a hand run with overrides: exit 130 with one line giving the command
+    that resumes it (with the run folder it wrote to), no traceback."""
+    cmd = [sys.executable, "-m", "llmpipe.cli", "--task", "pretrain", "--steps-per-epoch", "5000"]
+    earlier = set(stagedir.glob("runs/pretrain-*"))
     # A shell that starts a job in the background (as CI runners and `make … &` do) ignores SIGINT in it, and
     # Python installs no KeyboardInterrupt handler then: give the child a terminal's default disposition.
     proc = subprocess.Popen(cmd, cwd=stagedir, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
-    while not list(root.glob("checkpoints/pretrain/*/checkpoint-*/trainer_state.json")):
+    while not (done := [c for c in stagedir.glob("runs/pretrain-*/checkpoints/pretrain/*/checkpoint-*/trainer_state.json")
+                        if c.parents[4] not in earlier]):
         assert proc.poll() is None and time.time() < deadline, "no checkpoint before the end"
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
-    assert "llm-train: interrupted; run the same command again to resume pretrain from its newest checkpoint" in err
+    root = done[0].parents[4].relative_to(stagedir)  # runs/pretrain-<time>
+    assert (f"llm-train: interrupted; run `llm-train --task pretrain --steps-per-epoch 5000 --output-dir {root}` to "
+            "resume pretrain from its newest checkpoint") in err
     assert "Traceback" not in err

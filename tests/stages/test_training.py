@@ -18,9 +18,9 @@ from llmpipe.train.checkpoints import code_hash, fingerprint
 
 def test_fingerprint_ignores_budgets_but_not_hyperparameters(workdir):
     inputs = [workdir / "data" / "pretrain"]
-    base = parse_params(yaml.safe_load(TINY_PARAMS))
-    longer = parse_params({**yaml.safe_load(TINY_PARAMS), "pretrain": {"max_steps": 500}})
     raw = yaml.safe_load(TINY_PARAMS)
+    base = parse_params(raw)
+    longer = parse_params({**raw, "pretrain": {**raw.get("pretrain", {}), "max_steps": 500}})  # only the budget
     other_lr = parse_params({**raw, "train": {**raw["train"], "lr": 5e-4}})
     assert fingerprint(base, "pretrain", inputs) == fingerprint(longer, "pretrain", inputs)
     assert fingerprint(base, "pretrain", inputs) != fingerprint(other_lr, "pretrain", inputs)

@@ -144,3 +144,63 @@ def test_chat_talks_about_an_image_with_a_vlm_folder(tiny_sft, tmp_path, monkeyp
 
     assert main(["chat", "--model", str(tiny_sft / "models" / "sft"), "--image", str(image)]) == 2
     assert "is a text-only model" in capsys.readouterr().err
+
+
+def save_tower(dest, kind: str, image_size: int = 32, patch_size: int = 8):
+    """A tiny pretrained-tower folder as a user has one: a SigLIP or CLIP vision model and its image processor."""
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        CLIPVisionModel,
+        SiglipImageProcessor,
+        SiglipVisionConfig,
+        SiglipVisionModel,
+    )
+
+    shape = {"image_size": image_size, "patch_size": patch_size, "hidden_size": 32, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "intermediate_size": 64}  # fmt: skip
+    torch.manual_seed(1)
+    if kind == "siglip":
+        SiglipVisionModel(SiglipVisionConfig(**shape)).save_pretrained(dest)
+        SiglipImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(dest)
+    else:
+        CLIPVisionModel(CLIPVisionConfig(**shape)).save_pretrained(dest)
+        CLIPImageProcessor(size={"shortest_edge": image_size},
+                           crop_size={"height": image_size, "width": image_size}).save_pretrained(dest)  # fmt: skip
+    return dest
+
+
+@pytest.mark.parametrize("kind", ["siglip", "clip"])
+def test_a_local_siglip_or_clip_tower_loads_into_the_vlm_stage(tiny_sft, tmp_path, monkeypatch, kind):
+    from transformers import AutoModel
+
+    from llmpipe.models import load_tokenizer
+    from llmpipe.stages import vlm
+    from llmpipe.vlm.scoring import accuracy_by_type
+
+    monkeypatch.chdir(tiny_sft)
+    tower = save_tower(tmp_path / kind, kind)
+    params = vlm_params(tiny_sft, f"tower-{kind}", vision={"patch_size": 8, "path": str(tower)})
+    stage = vlm.VLM(params)
+    stage.tokenizer = load_tokenizer(params.paths.tokenizer)
+    model = stage.load_model()
+    loaded, saved = model.model.vision_tower.state_dict(), AutoModel.from_pretrained(tower).state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved), "the tower's weights"
+    # held-out records through the stage's processor and model: the image tokens match the tower's patch features
+    # (CLIP's class token dropped, as LLaVA does)
+    scores = accuracy_by_type(model, stage.processor, stage.rows["test"][:2], stage.data)
+    assert 0 <= scores["accuracy"] <= 1
+
+
+def test_a_tower_of_another_size_than_the_params_is_refused(tiny_sft, tmp_path, monkeypatch):
+    from llmpipe.core.errors import UserError
+    from llmpipe.models import load_tokenizer
+    from llmpipe.stages import vlm
+
+    monkeypatch.chdir(tiny_sft)
+    tower = save_tower(tmp_path / "siglip", "siglip", patch_size=4)
+    stage = vlm.VLM(vlm_params(tiny_sft, "tower-mismatch", vision={"patch_size": 8, "path": str(tower)}))
+    stage.tokenizer = load_tokenizer(stage.params.paths.tokenizer)
+    with pytest.raises(UserError, match=r"vlm.vision.patch_size \(8\) make 16 tokens per image, but the tower in .* "
+                                        r"4-pixel patches; set vlm.vision.image_size: 32 and vlm.vision.patch_size: 4"):
+        stage.check_data(*stage.datasets())  # before any model loads

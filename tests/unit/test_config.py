@@ -156,3 +156,20 @@ def test_orchestration_cron_is_checked():
         parse_params({"orchestration": {"cron": "every day"}})
     with pytest.raises(ParamsError, match=r"orchestration\.retries"):
         parse_params({"orchestration": {"retries": -1}})
+
+
+def test_a_train_key_every_stage_sets_for_itself_is_named_in_a_warning(caplog):
+    """The README's trap: `train: {per_device_train_batch_size: 4}` under the shipped sections, which all set
+    their own, changes nothing; the shipped file itself (every key listed, at its default) warns of none."""
+    import logging
+
+    shipped = yaml.safe_load((ROOT / "params.yaml").read_text())
+    with caplog.at_level(logging.WARNING, logger="llmpipe.config.loading"):
+        parse_params(shipped)
+        assert not caplog.records
+        params = parse_params(deep_merge(shipped, {"train": {"per_device_train_batch_size": 4, "lr": 1e-3}}))
+    assert params.sft.per_device_train_batch_size == shipped["sft"]["per_device_train_batch_size"] != 4
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("params.yaml: train.per_device_train_batch_size (4) is read by no stage: every stage "
+                              "that inherits it sets its own (pretrain.per_device_train_batch_size: ")
+    assert "sft.per_device_train_batch_size: 8" in warning and "set it in those sections instead" in warning

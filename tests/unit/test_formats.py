@@ -372,3 +372,21 @@ def test_tool_turns_are_rendered_and_left_out_of_the_loss(tmp_path):
     assert tok.decode(trained) == 'weather("Oslo")</s>It rains in Oslo.</s>'
     assert [label for label in labels if label != -100] == trained
 
+
+
+def test_an_unpaired_file_is_kto_data_with_its_labels_read(tmp_path):
+    """`prompt`/`completion`/`label` as data.local.preference (README: KTO reads it): labels true/false, 1/0 and
+    their text are read as booleans from any format (a CSV cell is text), anything else is refused with its row."""
+    records = [{"prompt": f"q{i}", "completion": f"a{i}", "label": label}
+               for i, label in enumerate(["true", "False", "0", " 1 "])]
+    for fmt in ("csv", "jsonl"):
+        rows = read("preference", fmt, records, tmp_path / fmt).rows
+        assert [(r["prompt"], r["completion"], r["label"]) for r in rows] == [
+            ([user(f"q{i}")], [assistant(f"a{i}")], label) for i, label in enumerate([True, False, False, True])]
+    numbers = [{"prompt": "q", "completion": [assistant("a")], "label": n} for n in (1, 0)]
+    assert [r["label"] for r in read("preference", "parquet", numbers, tmp_path / "pq").rows] == [True, False]
+    bad = [{"prompt": "q", "completion": "a", "label": "true"}, {"prompt": "q", "completion": "a", "label": "maybe"}]
+    with pytest.raises(UserError, match=r"data\.jsonl row 2: `label` must be true \(desirable\) or false .*got \"maybe\""):
+        read("preference", "jsonl", bad, tmp_path / "bad")
+    assert parse_params({"data": {"source": "local", "local": {"pretrain": "d", "preference": "p",
+                                                               "preference_format": "unpaired"}}})

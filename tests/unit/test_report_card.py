@@ -67,9 +67,9 @@ def test_headline_holds_each_stage_target_and_the_counts():
     passed = checks.Check("c", "m", 1.0, True, "")
     flagged = checks.Check("c", "m", 1.0, False, "")
     skipped = checks.Check("c", "m", None, None, "")
-    got = headline(evals, stage_metrics, [passed, flagged, skipped], [flagged])
+    got = headline(evals, stage_metrics, [passed, flagged, skipped], [flagged], 2)
     assert got == {"pretrain_bpb": 2.1235, "grpo_gen_score": 0.9, "ppo_reward": 3.3, "reward_acc": 0.65,
-                   "vlm_acc": 0.7123, "checks_passed": 1, "checks_run": 2, "costs_flagged": 1}
+                   "vlm_acc": 0.7123, "checks_passed": 1, "checks_run": 2, "costs_flagged": 1, "not_run": 2}
 
 
 def write_logs(root):

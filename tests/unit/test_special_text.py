@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from llmpipe.data.special import SENTINEL, escape, escapes
-from llmpipe.evaluation.tasks import render_perplexity, render_sft_chat
+from llmpipe.evaluation.documents import render_perplexity, render_sft_chat
 from llmpipe.models import load_tokenizer
 from llmpipe.stages.tokenizer import train_bpe
 

@@ -4,8 +4,10 @@ jsonl line per prompt.
 Prompts come from each ``--prompt`` and then each line of ``--file``: a JSON object with ``prompt`` (a string) or
 ``messages`` (a list of ``{role, content}`` turns); its other keys are copied to the output line. A prompt is
 rendered as a user turn through the model's chat template (``--raw``, or a tokenizer without one: continued as
-plain text). Each output line holds ``prompt`` or ``messages``, ``completion``, ``num_prompt_tokens`` and
-``num_new_tokens``; it goes to ``--out`` (written whole, then renamed into place) or else to stdout.
+plain text). Each output line holds ``prompt`` or ``messages``, ``completion``, ``num_prompt_tokens``,
+``num_new_tokens`` and ``stop_reason``: ``end_of_turn`` (the chat template's end-of-turn token), ``eos`` (another of
+the folder's eos ids) or ``max_new_tokens`` (cut: the folder never stopped); it goes to ``--out`` (written whole, then
+renamed into place) or else to stdout.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmpipe.commands.generation import Sampling, add_generation_arguments, chat_ids, generate, load_for_generation
+from llmpipe.commands.generation import (
+    Sampling,
+    add_generation_arguments,
+    chat_ids,
+    generate,
+    load_for_generation,
+    stop_ids,
+    stop_reason,
+)
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import numbered_jsonl, write_jsonl
 
@@ -72,14 +82,34 @@ def _prompt_ids(tokenizer, row: dict[str, Any], templated: bool) -> list[int]:
     return chat_ids(tokenizer, row.get("messages") or [{"role": "user", "content": row["prompt"]}])
 
 
-def answers(model, tokenizer, rows: list[dict[str, Any]], sampling: Sampling, templated: bool, batch_size: int):
-    """The output line of each prompt row, generated `batch_size` at a time, in order."""
+def end_of_turn_id(model, tokenizer, where: Path) -> int | None:
+    """The chat template's end-of-turn id (`llmpipe.data.chat_turns.end_of_turn`); a warning when the folder's eos
+    ids leave it out, so its answers run on to ``--max-new-tokens``."""
+    from llmpipe.data.chat_turns import end_of_turn
+
+    eot = end_of_turn(tokenizer)
+    if eot is None:
+        return None
+    eot_id = tokenizer.convert_tokens_to_ids(eot)
+    if eot_id not in stop_ids(model, tokenizer):
+        log.warning("%s: %r ends an assistant turn in the chat template but is none of the folder's eos ids %s, so "
+                    "answers run on to --max-new-tokens; train it with llmpipe's sft, which names it (its "
+                    "generation_config.json eos_token_id)", where, eot, stop_ids(model, tokenizer))  # fmt: skip
+    return eot_id
+
+
+def answers(model, tokenizer, rows: list[dict[str, Any]], sampling: Sampling, templated: bool, batch_size: int,
+            eot_id: int | None = None):  # fmt: skip
+    """The output line of each prompt row, generated `batch_size` at a time, in order (`eot_id`: the end-of-turn id
+    a stop there is reported as)."""
+    eos = stop_ids(model, tokenizer)
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         prompts = [_prompt_ids(tokenizer, row, templated) for row in chunk]
         for row, ids, new in zip(chunk, prompts, generate(model, tokenizer, prompts, sampling), strict=True):
             yield {**row, "completion": tokenizer.decode(new, skip_special_tokens=True),
-                   "num_prompt_tokens": len(ids), "num_new_tokens": len(new)}  # fmt: skip
+                   "num_prompt_tokens": len(ids), "num_new_tokens": len(new),
+                   "stop_reason": stop_reason(new, eos, eot_id)}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
                             f"--file {args.file}; give them as 'prompt' strings")
         log.warning("%s: the tokenizer has no chat template; prompts are continued as plain text", args.model)
     transformers.set_seed(args.seed)
-    lines = answers(model, tokenizer, rows, sampling, templated, args.batch_size)
+    eot_id = end_of_turn_id(model, tokenizer, args.model) if templated else None
+    lines = answers(model, tokenizer, rows, sampling, templated, args.batch_size, eot_id)
     if args.out:
         n = write_jsonl(args.out, lines)
         print(f"{n} answers in {args.out}", file=sys.stderr)

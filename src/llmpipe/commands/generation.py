@@ -1,6 +1,6 @@
 """What `llm-train chat` and `llm-train generate` share: load a model folder for generation (a full causal LM, or a
-peft adapter over one) through the safe loaders of `llmpipe.models`, and sample from it with transformers'
-`generate`.
+peft adapter, or a chain of them, over one) through the one loader of `llmpipe.models`, and sample from it with
+transformers' `generate`, stopping at the folder's eos ids.
 """
 
 from __future__ import annotations
@@ -11,18 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmpipe.core.errors import UserError, root_cause
-from llmpipe.core.io import safetensors_problem
-from llmpipe.models import (
-    PICKLE_SUFFIXES,
-    TRUST_FLAG,
-    check_model_dir,
-    load_model,
-    load_tokenizer,
-    pretrained_kwargs,
-    read_config,
-)
-from llmpipe.models.folders import ADAPTER_CONFIG
+from llmpipe.core.errors import UserError
+from llmpipe.models import load_model, load_tokenizer
+from llmpipe.models.folders import adapter_base, is_adapter
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +67,11 @@ class Sampling:
                 raise UserError(message)
         return cls(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
 
-    def generate_kwargs(self, tokenizer) -> dict[str, Any]:
-        """Keywords of `model.generate`: the sampling settings (none when greedy), and the tokenizer's eos and pad."""
+    def generate_kwargs(self, tokenizer, eos_ids: list[int]) -> dict[str, Any]:
+        """Keywords of `model.generate`: the sampling settings (none when greedy), the eos ids (:func:`stop_ids`) and
+        the tokenizer's pad."""
         out: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "do_sample": self.temperature > 0,
-                               "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+                               "eos_token_id": eos_ids, "pad_token_id": tokenizer.pad_token_id}
         if self.temperature > 0:
             out.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
         else:  # a model's generation_config may ask for sampling; greedy means none of its settings apply
@@ -87,61 +79,13 @@ class Sampling:
         return out
 
 
-def _adapter_weights_problem(path: Path, trust_remote_code: bool) -> str | None:
-    """Why the adapter weights in `path` must not be loaded (missing, truncated, or an untrusted pickle), else None."""
-    names = sorted(f.name for f in path.iterdir() if f.name.startswith("adapter_model"))
-    tensors = [n for n in names if n.endswith(".safetensors")]
-    for name in tensors:
-        if problem := safetensors_problem(path / name):
-            return f"{name}: damaged ({problem})"
-    if tensors:
-        return None
-    pickles = [n for n in names if Path(n).suffix in PICKLE_SUFFIXES]
-    if not pickles:
-        return "no adapter_model.safetensors beside adapter_config.json"
-    if not trust_remote_code:
-        return f"adapter weights only as a pickle ({', '.join(pickles)}), which can run code; pass {TRUST_FLAG} " \
-               "only if you trust its source"  # fmt: skip
-    return None
-
-
-def base_model_dir(adapter: Path) -> Path:
-    """The local base model folder an adapter names (``base_model_name_or_path``, relative to the working directory,
-    as peft stored it).
-
-    Raises:
-        UserError: The adapter config is broken or names no local folder.
-    """
-    base = read_config(adapter / ADAPTER_CONFIG).get("base_model_name_or_path")
-    if not base or not Path(base).is_dir():
-        raise UserError(f"{adapter / ADAPTER_CONFIG}: base_model_name_or_path {base!r} is not a model folder here; "
-                        "run from the directory the adapter was trained in, or set it to the base model's path")
-    return Path(base)
-
-
-def _load_adapter(path: Path, trust_remote_code: bool):
-    """A peft `PeftModel` over its base model, both folders checked as :func:`llmpipe.models.check_model_dir`
-    checks a model folder; peft's `AutoPeftModelForCausalLM` reads them (``from_pretrained`` keywords of
-    :func:`llmpipe.models.pretrained_kwargs`)."""
-    from peft import AutoPeftModelForCausalLM
-
-    base = base_model_dir(path)
-    check_model_dir(base, f"the base model of the adapter {path} must be a saved model folder", trust_remote_code)
-    if problem := _adapter_weights_problem(path, trust_remote_code):
-        raise UserError(f"{path}: {problem}")
-    try:
-        return AutoPeftModelForCausalLM.from_pretrained(str(path), **pretrained_kwargs(trust_remote_code))
-    except (OSError, ValueError, KeyError) as err:  # peft's and transformers' errors for folders they cannot read
-        raise UserError(f"{path}: cannot load the adapter: {root_cause(err)}") from None
-
-
 def load_for_generation(path: str | Path, trust_remote_code: bool = False):
     """A model folder and its tokenizer, ready to generate: eval mode, on the GPU when there is one, left padding.
 
-    A folder with ``adapter_config.json`` is a peft adapter: its base model is loaded from
-    ``base_model_name_or_path`` and the adapter over it; its tokenizer is the adapter folder's when saved there,
-    else the base model's. A tokenizer without a pad token pads with its eos (generation masks padding; nothing
-    trains on it).
+    The folder loads as every stage loads one (`llmpipe.models.load_model`): a peft adapter folder
+    (``adapter_config.json``) over its base, and a chain of them in order. An adapter's tokenizer is the adapter
+    folder's when saved there, else its base's. A tokenizer without a pad token pads with its eos (generation
+    masks padding; nothing trains on it).
 
     Args:
         path: A ``save_pretrained`` folder of a causal LM or of a peft adapter.
@@ -161,12 +105,8 @@ def load_for_generation(path: str | Path, trust_remote_code: bool = False):
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"--model {path}: no such folder; {SAVED}")
-    adapter = (path / ADAPTER_CONFIG).is_file()
-    if adapter:
-        model = _load_adapter(path, trust_remote_code)
-    else:
-        model = load_model(path, SAVED, trust_remote_code=trust_remote_code)
-    tok_dir = path if (path / "tokenizer_config.json").is_file() or not adapter else base_model_dir(path)
+    model = load_model(path, SAVED, trust_remote_code=trust_remote_code)
+    tok_dir = path if (path / "tokenizer_config.json").is_file() or not is_adapter(path) else adapter_base(path)
     tokenizer = load_tokenizer(tok_dir, trust_remote_code, f"save the tokenizer beside the model in {tok_dir}",
                                check_pad=False)  # fmt: skip
     if tokenizer.pad_token_id is None:
@@ -176,6 +116,22 @@ def load_for_generation(path: str | Path, trust_remote_code: bool = False):
     tokenizer.padding_side = "left"  # generation continues the right end of every prompt
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return model.eval().to(device), tokenizer
+
+
+def stop_ids(model, tokenizer) -> list[int]:
+    """The ids that end an answer: the model's ``generation_config.eos_token_id`` (a list where a chat stage added
+    the end-of-turn token, `llmpipe.models.saved_folder`) and the tokenizer's eos."""
+    own = getattr(model.generation_config, "eos_token_id", None)
+    ids = [*(own if isinstance(own, list) else [own]), tokenizer.eos_token_id]
+    return list(dict.fromkeys(i for i in ids if i is not None))
+
+
+def stop_reason(new: list[int], eos_ids: list[int], end_of_turn_id: int | None) -> str:
+    """Why an answer (its new ids, as :func:`generate` returns them) ended: ``end_of_turn`` (the chat template's
+    end-of-turn token), ``eos`` (another eos id) or ``max_new_tokens``."""
+    if new and new[-1] == end_of_turn_id:
+        return "end_of_turn"
+    return "eos" if new and new[-1] in eos_ids else "max_new_tokens"
 
 
 def context_length(model, tokenizer) -> int | None:
@@ -206,13 +162,14 @@ def generate(model, tokenizer, prompts: list[list[int]], sampling: Sampling, str
         model_inputs: More inputs of `model.generate` (a vision-language model's ``pixel_values``).
 
     Returns:
-        Per prompt, the new token ids up to and including the first eos (no padding).
+        Per prompt, the new token ids up to and including the first eos id (:func:`stop_ids`; no padding).
     """
     import torch
 
+    eos = stop_ids(model, tokenizer)
     batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(model.device)
     with torch.no_grad():
-        out = model.generate(**batch, **model_inputs, streamer=streamer, **sampling.generate_kwargs(tokenizer))
+        out = model.generate(**batch, **model_inputs, streamer=streamer, **sampling.generate_kwargs(tokenizer, eos))
     new = out[:, batch["input_ids"].shape[1]:].tolist()  # (B, new tokens), padded after an early eos
-    eos = tokenizer.eos_token_id
-    return [row[: row.index(eos) + 1] if eos in row else row for row in new]
+    ends = [next((j for j, t in enumerate(row) if t in eos), None) for row in new]
+    return [row if end is None else row[: end + 1] for row, end in zip(new, ends, strict=True)]

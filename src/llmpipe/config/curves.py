@@ -79,11 +79,14 @@ learning rate."""
 
 PPO = Curves(
     plots=(TOKENS_PER_S, Plot("eval", "eval_reward", "validation reward", "validation reward")),
-    charts=(Chart("loss", "PPO loss (policy + value)", (("train", "loss"),)), LEARNING_RATE),
+    charts=(Chart("loss", "PPO loss (policy + value)", (("train", "loss"),)),
+            Chart("learning rate", "learning rate", (("train", "learning_rate"), ("train", "value_learning_rate"))),
+            Chart("KL coefficient", "KL coefficient (fixed, or adapted toward ppo.kl_target)", (("train", "kl_coef"),))),
     reward=("reward", "eval_reward"),
     length=("response_length", "eval_response_length", "tokens per response"),
 )
-"""llmpipe's PPO loop (`llmpipe.rl.ppo.loop`): it evaluates the reward and response length as well."""
+"""llmpipe's PPO loop (`llmpipe.rl.ppo.loop`): it evaluates the reward and response length as well, and logs the
+value model's learning rate and the KL coefficient (`llmpipe.rl.ppo.kl_control`)."""
 
 TRL_RL = Curves(
     plots=(TOKENS_PER_S,),

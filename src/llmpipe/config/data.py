@@ -23,7 +23,7 @@ class StdlibSourceParams(Section):
 SFTFormat = Literal["auto", "messages", "prompt_completion", "alpaca", "sharegpt"]
 """Shapes of SFT records (`llmpipe.data.formats`); ``auto`` reads the shape from the columns."""
 
-PreferenceFormat = Literal["auto", "explicit_prompt", "implicit_prompt"]
+PreferenceFormat = Literal["auto", "explicit_prompt", "implicit_prompt", "unpaired"]
 """Shapes of preference records (`llmpipe.data.formats`); ``auto`` reads the shape from the columns."""
 
 

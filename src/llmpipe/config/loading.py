@@ -4,16 +4,20 @@ the file, the key path or line, and the fix (:class:`ParamsError`)."""
 from __future__ import annotations
 
 import difflib
+import logging
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from llmpipe.config.adapter_rules import stage_refusal
 from llmpipe.config.params import Params
 from llmpipe.config.stages import ADAPTER_TASKS, REGISTRY, TRAINING_TASKS
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import decode_line
+
+log = logging.getLogger(__name__)
 
 
 class ParamsError(UserError):
@@ -97,7 +101,42 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
     except ValidationError as err:
         raise ParamsError(_format_errors(err, source, origin)) from None
     params._origin.update(origin)  # device-dependent checks name the key where a value was set (Params.source_of)
+    for name in ADAPTER_TASKS:  # a stage's own choice is refused now; what it inherits, when it runs
+        why = stage_refusal(params, name)
+        if why and any(origin.get(name, {}).get(key) == name for key in why.keys):
+            raise ParamsError(f"{source}: invalid params:\n  {why.message}")
+    for key, owners in shadowed_train_keys(raw).items():
+        log.warning("%s: train.%s (%r) is read by no stage: every stage that inherits it sets its own (%s); set it "
+                    "in those sections instead", source, key, train[key],
+                    ", ".join(f"{name}.{key}: {value!r}" for name, value in owners.items()))
     return params
+
+
+def shadowed_train_keys(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The keys of ``train:`` set off their default that every stage inheriting them sets in its own section, so
+    that no stage reads the ``train:`` value (a user's ``train: {per_device_train_batch_size: 4}`` under the shipped
+    sections), each with the stages' own values. Blocks (``peft:``) are left out: a stage's block may merge with
+    train's key by key; so is a value equal to the default (the shipped file lists every key, read or not)."""
+    from llmpipe.config.training import TrainParams
+
+    train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    out = {}
+    for key, value in train.items():
+        field = TrainParams.model_fields.get(key)
+        if isinstance(value, dict) or field is None or value == field.default:
+            continue
+        sections = {n: _own_or_inherited(raw, n) for n in TRAINING_TASKS if key != "peft" or n in ADAPTER_TASKS}
+        if all(key in own for own in sections.values()):
+            out[key] = {name: own[key] for name, own in sections.items()}
+    return out
+
+
+def _own_or_inherited(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """Stage `name`'s raw section over the section it inherits (the registry's ``inherits``): what it sets without
+    ``train:``."""
+    own = raw.get(name) if isinstance(raw.get(name), dict) else {}
+    parent = REGISTRY[name].inherits
+    return {**_own_or_inherited(raw, parent), **own} if parent else own
 
 
 def inherit(train: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:

@@ -12,10 +12,10 @@ from llmpipe.config.data import DataParams, TokenizerParams
 from llmpipe.config.distributed import DistributedParams
 from llmpipe.config.optim import check_optim_keys
 from llmpipe.config.paths import PathsParams
-from llmpipe.config.rl import check_groups_fit, check_rounds
+from llmpipe.config.rl import check_groups_fit, check_reference_sync, check_rounds
 from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams, ReportParams
 from llmpipe.config.section import Section
-from llmpipe.config.stages import ADAPTER_TASKS, GROUPED_TASKS, REGISTRY, TRAINING_TASKS
+from llmpipe.config.stages import GROUPED_TASKS, REGISTRY, TRAINING_TASKS
 from llmpipe.config.training import ModelParams, TrainParams
 
 
@@ -32,6 +32,7 @@ class CrossSectionRules(Section):
         # First, as when the rules were the section's own; here so that each grouped section is named as itself.
         for name in GROUPED_TASKS:
             check_rounds(name, self.stage(name))
+            check_reference_sync(name, self.stage(name))
         return self
 
     @model_validator(mode="after")
@@ -61,26 +62,6 @@ class CrossSectionRules(Section):
         return self
 
     @model_validator(mode="after")
-    def _adapters_fit(self) -> CrossSectionRules:
-        # AdaLoRA's rank budget runs over a known number of steps (peft's `total_step`), reallocated per optimizer step
-        for name in ADAPTER_TASKS:
-            t = self.stage(name)
-            if name == "ppo" and t.peft.method in ("prefix_tuning", "prompt_tuning"):
-                raise ValueError(f"ppo.peft.method {t.peft.method}: ppo's own loop reads the value model's hidden "
-                                 "states position by position, which virtual tokens would shift; use lora or ia3")  # fmt: skip
-            if t.peft.method != "adalora":
-                continue
-            if name == "ppo":
-                raise ValueError("ppo.peft.method adalora: its rank schedule runs on the Trainer's optimizer-step hook, "
-                                 "which ppo's own loop does not have; use lora for ppo")  # fmt: skip
-            if t.max_steps <= 0 or t.peft.tinit + t.peft.tfinal >= t.max_steps:
-                raise ValueError(
-                    f"{name}.peft.method adalora schedules its rank budget over {name}.max_steps: set it (> 0, now "
-                    f"{t.max_steps}) above peft.tinit + peft.tfinal ({t.peft.tinit} + {t.peft.tfinal})"
-                )
-        return self
-
-    @model_validator(mode="after")
     def _start_is_given(self) -> CrossSectionRules:
         m = self.model
         if not self.pretrain.enabled and m.scratch:
@@ -104,6 +85,18 @@ class CrossSectionRules(Section):
                 "data.streaming is true, and a stream has no length: set pretrain.max_steps, or "
                 "pretrain.steps_per_epoch (with pretrain.num_train_epochs)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _synced_reference_is_checkpointed(self) -> CrossSectionRules:
+        strategy = self.distributed.strategy
+        for name in GROUPED_TASKS:
+            if self.stage(name).sync_ref_model and strategy in ("fsdp", "deepspeed"):
+                raise ValueError(
+                    f"{name}.sync_ref_model under distributed.strategy {strategy}: a synced reference is saved whole "
+                    "in each checkpoint (resume needs it), which llmpipe does not do for a sharded one yet; use ddp "
+                    "or none, or sync_ref_model: false"
+                )
         return self
 
     @model_validator(mode="after")

@@ -2,6 +2,10 @@
 
 A `peft:` block under `train:` is every adapter stage's default (sft, dpo, reward, ppo, grpo); a stage's own
 `peft:` block overrides it key by key, or, naming another `method`, replaces it (`llmpipe.config.loading`).
+
+What a method cannot do in a given stage, or with a given `optim`, is :func:`stage_refusal`: checked at load for a
+stage whose own section writes a key the rule reads, and for every stage when it runs (`llmpipe.train.arguments.
+check_device_params`), so a `train.peft` that one stage cannot take refuses that stage only.
 """
 
 from __future__ import annotations
@@ -110,3 +114,12 @@ class PeftParams(Section):
         if self.prompt_tuning_init == "TEXT" and not self.prompt_tuning_init_text:
             raise ValueError("peft.prompt_tuning_init TEXT needs peft.prompt_tuning_init_text")
         return self
+
+
+NOT_FOR_MUON: dict[str, str] = {
+    "ia3": "per-channel scale vectors",
+    "prefix_tuning": "virtual-token embeddings (AdamW's, like every embedding)",
+    "prompt_tuning": "virtual-token embeddings (AdamW's, like every embedding)",
+    "bitfit": "biases",
+}
+"""Methods that train no weight matrix, so ``optim: muon`` would have nothing to step: what they train instead."""

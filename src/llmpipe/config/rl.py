@@ -9,6 +9,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from llmpipe.config.optim import SCHEDULE_KEYS, SchedulerName
 from llmpipe.config.section import Section
 from llmpipe.config.training import (
     EvalSteps,
@@ -124,7 +125,16 @@ class PPOParams(TrainParams):
     cliprange: float = Field(0.2, gt=0, description="Policy ratio clip range.")
     cliprange_value: float = Field(0.2, gt=0, description="How far a value prediction may move per rollout.")
     vf_coef: float = Field(0.1, ge=0, description="Weight of the value loss.")
-    kl_coef: float = Field(0.05, ge=0, description="Weight of the per-token KL-to-reference penalty in the reward.")
+    kl_coef: float = Field(
+        0.05, ge=0, description="Weight of the per-token KL-to-reference penalty in the reward (adaptive: its start)."
+    )
+    kl_ctrl: Literal["fixed", "adaptive"] = Field(
+        "fixed", description="Keep kl_coef, or adapt it after every step toward kl_target (Ziegler et al. 2019)."
+    )
+    kl_target: float = Field(6.0, gt=0, description="adaptive: the KL to steer to, nats per response (TRL's target).")
+    kl_horizon: float = Field(
+        512.0, gt=0, description="adaptive: responses over which the coefficient closes its error (TRL's horizon)."
+    )
     kl_estimator: Literal["k1", "k3"] = Field("k1", description="Per-token KL estimator (Schulman 2020).")
     normalize_rewards: bool = Field(True, description="Standardise sequence scores before use.")
     normalize_method: Literal["running", "batch"] = Field(
@@ -140,7 +150,38 @@ class PPOParams(TrainParams):
         [RewardSpec(name="parsable_prefix", weight=1.0)],
         description="Reward functions added to the score: built-in names or 'module:function' paths, with weights.",
     )
+    value_lr: float | None = Field(
+        None, gt=0, description="Peak learning rate of the value model (muon: its AdamW rate, muon_lr scaled alike); "
+        "null = lr."
+    )
+    value_warmup_steps: int | None = Field(
+        None, ge=0, description="Linear warmup of the value model's rate, in PPO steps; null = warmup_steps."
+    )
+    value_lr_scheduler_type: SchedulerName | None = Field(
+        None, description="Schedule of the value model's rate after warmup; null = lr_scheduler_type."
+    )
     generation: GenerationParams = GenerationParams()
+
+    @model_validator(mode="after")
+    def _controls_are_read(self) -> PPOParams:
+        if self.kl_ctrl == "fixed":
+            changed = [k for k in ("kl_target", "kl_horizon") if getattr(self, k) != type(self).model_fields[k].default]
+            if changed:
+                raise ValueError(f"ppo.{changed[0]} applies to ppo.kl_ctrl adaptive, not fixed: set ppo.kl_ctrl: "
+                                 f"adaptive, or remove ppo.{changed[0]}")  # fmt: skip
+        elif self.kl_coef == 0:
+            raise ValueError("ppo.kl_ctrl adaptive multiplies ppo.kl_coef, which is 0 and would stay 0: set it > 0")
+        if self.max_steps > 0 and (self.value_warmup_steps or 0) > self.max_steps:
+            raise ValueError(f"ppo.value_warmup_steps ({self.value_warmup_steps}) exceeds ppo.max_steps "
+                             f"({self.max_steps}); lower it")  # fmt: skip
+        kind = self.value_lr_scheduler_type
+        if kind not in (None, self.lr_scheduler_type) and any(kind in r for r in SCHEDULE_KEYS.values()):
+            raise ValueError(
+                f"ppo.value_lr_scheduler_type {kind} reads schedule keys (min_lr, num_cycles, decay_*) the value "
+                f"model shares with the policy, whose ppo.lr_scheduler_type is {self.lr_scheduler_type}: use the "
+                "same type for both, or one that reads none (linear, cosine, constant, constant_with_warmup)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _rewarded_and_fits(self) -> PPOParams:
@@ -201,6 +242,13 @@ class GroupParams(TrainParams):
         min_length=1,
         description="Built-in reward names or 'module:function' paths, and their weights; the reward is the weighted sum.",
     )
+    sync_ref_model: bool = Field(
+        False, description="Move the reference toward the policy every ref_model_sync_steps (TR-DPO; needs beta > 0)."
+    )
+    ref_model_mixup_alpha: float = Field(
+        0.6, ge=0, le=1, description="sync: each reference weight becomes alpha × policy + (1 - alpha) × reference."
+    )
+    ref_model_sync_steps: int = Field(50, gt=0, description="sync: optimizer steps between reference updates.")
     generation: GRPOGenerationParams = GRPOGenerationParams()
 
     @property
@@ -312,3 +360,31 @@ def check_groups_fit(name: str, g: GroupParams, processes: int) -> None:
             f"{name}.per_device_eval_batch_size ({g.per_device_eval_batch_size}) × world size "
             f"({processes}) must be a multiple of {name}.num_generations ({g.num_generations})"
         )
+
+
+def check_reference_sync(name: str, g: GRPOParams) -> None:
+    """Refuse a reference sync TRL's GRPOTrainer would refuse (beta 0: no reference; a peft adapter: the reference is
+    the adapter-disabled policy, no model of its own to move) or silently ignore, before any work.
+
+    Raises:
+        ValueError: ``<name>.ref_model_*`` set without ``sync_ref_model``, or a sync with beta 0, an adapter, or
+            sync steps past ``max_steps``.
+    """
+    if not g.sync_ref_model:
+        changed = [k for k in ("ref_model_mixup_alpha", "ref_model_sync_steps")
+                   if getattr(g, k) != type(g).model_fields[k].default]  # fmt: skip
+        if changed:
+            raise ValueError(f"{name}.{changed[0]} applies only with {name}.sync_ref_model: true; set it or remove "
+                             f"{name}.{changed[0]}")  # fmt: skip
+        return
+    if g.beta == 0:
+        raise ValueError(f"{name}.sync_ref_model needs a reference, and {name}.beta 0 loads none: set beta > 0")
+    if g.peft.method not in ("none", "bitfit"):
+        raise ValueError(
+            f"{name}.sync_ref_model with {name}.peft.method {g.peft.method}: the reference is then the policy with "
+            "its adapter disabled, so there is no reference model to move (TRL's GRPOTrainer refuses it too); use "
+            "peft.method none or bitfit, or sync_ref_model: false"
+        )
+    if 0 < g.max_steps < g.ref_model_sync_steps:
+        raise ValueError(f"{name}.ref_model_sync_steps ({g.ref_model_sync_steps}) exceeds {name}.max_steps "
+                         f"({g.max_steps}), so the reference would never move; lower it")  # fmt: skip

@@ -189,13 +189,16 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
               outs=("${paths.logs}/vlm/answers",), curves=BARE),
     Stage("evaluate", "evaluation", "lm-evaluation-harness on one model (--model NAME).",
           inputs=("${paths.data}/eval", "${paths.models}/${item.model}"),
-          params=("paths", "model.attn_implementation", "eval.tasks", "eval.task_options", "eval.limit",
-                  "eval.batch_size", "eval.max_length", "eval.max_new_tokens")),
+          # data.source: which tasks apply (no Python-code task on users' own data)
+          params=("paths", "model.attn_implementation", "data.source", "eval.tasks", "eval.task_options",
+                  "eval.limit", "eval.batch_size", "eval.max_length", "eval.max_new_tokens"),
+          outs=("${paths.logs}/evaluate/${item.model}/answers.jsonl",)),  # greedy answers, side by side on the card
     # the report also reads the keys its stages' inputs are templated by (ppo.policy: where ppo started), which
     # `report_params` adds before `report`
     Stage("report", "report", "The report card reports/report.{md,html}: checks, costs, results across stages, "
           "figures, per-stage statistics, provenance; metrics/headline.json.", loads_models=False,
-          params=("paths", "eval.models", "eval.tasks", "eval.limit", "report"),
+          # data.source: the words and checks that fit the data; pretrain.enabled false: sft starts from the baseline
+          params=("paths", "data.source", "pretrain.enabled", "eval.models", "eval.tasks", "eval.limit", "report"),
           outs=("${paths.reports}/report.md", "${paths.reports}/report.html", "${paths.reports}/figures")),
     Stage("regression", "hand", "Hardware smoke test: an MLP on y = Xw + noise with plain Accelerate; ranks must "
           "agree (hand run).", loads_models=False),

@@ -324,6 +324,17 @@ class DPOParams(TrainParams):
         return self
 
     @model_validator(mode="after")
+    def _kto_batch(self) -> DPOParams:
+        # TRL's KTOTrainer refuses it only after the models load; its KL term pairs examples within a batch
+        if self.method == "kto" and self.per_device_train_batch_size < 2:
+            raise ValueError(
+                f"dpo.per_device_train_batch_size is {self.per_device_train_batch_size} under dpo.method kto: KTO "
+                "estimates its KL term from the other examples of the same batch, so it needs at least 2 per device "
+                "(raise it, in dpo: or train:)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _keys_apply_to_method(self) -> DPOParams:
         for key, methods in METHOD_KEYS.items():
             default = type(self).model_fields[key].default

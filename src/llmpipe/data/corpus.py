@@ -19,7 +19,8 @@ class Corpus:
     Attributes:
         pretrain: Documents ``{"text", "source"}`` per split.
         sft: Chat rows ``{"messages": [user, assistant], "name", "source"}`` per split.
-        preference: TRL conversational rows ``{"prompt", "chosen", "rejected", "corruption", "name", "source"}``.
+        preference: TRL conversational rows ``{"prompt", "chosen", "rejected", "corruption", "name", "source"}``,
+            or TRL's unpaired ones ``{"prompt", "completion", "label", "name", "source"}`` (users' unpaired data).
         signature_mc: The docstring → signature multiple-choice eval set (stdlib only; empty otherwise).
         manifest: Provenance for ``pretrain/manifest.json``: ``source``, ``description``, ``num_files``,
             ``num_skipped_files``, ``content_sha256`` (hex). No absolute paths.
@@ -50,5 +51,6 @@ def eval_sets(corpus: Corpus, data: DataParams) -> dict[str, list[dict[str, Any]
         "perplexity": [{"text": d["text"][: data.eval_max_chars_per_document]} for d in docs],
         "signature_mc": subsample(corpus.signature_mc, n, seed, "eval/signature_mc"),
         "sft": subsample(corpus.sft["test"], n, seed, "eval/sft"),
-        "preference": subsample(corpus.preference["test"], n, seed, "eval/preference"),
+        # pairs only: unpaired rows (KTO's data) have no rejected answer beside a chosen one to compare
+        "preference": subsample([r for r in corpus.preference["test"] if "chosen" in r], n, seed, "eval/preference"),
     }

@@ -14,14 +14,16 @@ Preference shapes (``data.local.preference_format`` / ``data.hf_preference.forma
 - ``explicit_prompt``: `prompt`, `chosen` and `rejected`, strings or lists of messages; answers that repeat the
   prompt's turns at their start (whole conversations) lose them;
 - ``implicit_prompt``: `chosen` and `rejected` as whole conversations; the prompt is the turns they share at the
-  start (TRL's implicit prompt).
+  start (TRL's implicit prompt);
+- ``unpaired``: `prompt`, `completion`, `label` (desirable: true/false, 1/0, "true"/"false"): TRL's, for KTO.
 
 An SFT record becomes ``{"messages", "name", "source"}``, a pair ``{"prompt", "chosen", "rejected",
-"corruption": "none", "name", "source"}`` with message lists (a string prompt is a user turn, a string answer an
-assistant turn). Roles other than system/user/assistant (e.g. `tool`) are kept: the chat template renders them
-with their role, outside the loss. Turns after an SFT conversation's last assistant turn are dropped (nothing is
-learned from them). A record whose response is empty — no assistant turn, or one with only whitespace; in a
-pair, either answer — is left out and counted, with a warning naming the first; every record empty is an error.
+"corruption": "none", "name", "source"}``, an unpaired record ``{"prompt", "completion", "label": bool, "name",
+"source"}``, with message lists (a string prompt is a user turn, a string answer an assistant turn). Roles other
+than system/user/assistant (e.g. `tool`) are kept: the chat template renders them with their role, outside the
+loss. Turns after an SFT conversation's last assistant turn are dropped (nothing is learned from them). A record
+whose response is empty — no assistant turn, or one with only whitespace; in a pair, either answer — is left out
+and counted, with a warning naming the first; every record empty is an error.
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ SFT_SHAPES: dict[str, tuple[str, ...]] = {
 PREFERENCE_SHAPES: dict[str, tuple[str, ...]] = {
     "explicit_prompt": ("prompt", "chosen", "rejected"),
     "implicit_prompt": ("chosen", "rejected"),
+    "unpaired": ("prompt", "completion", "label"),
 }
 """Preference shape → the columns it needs."""
+
+LABELS = {"true": True, "1": True, "false": False, "0": False}  # an unpaired `label` as text (any case, stripped)
 
 SHAREGPT_ROLES = {
     "human": "user",
@@ -175,15 +180,16 @@ def sft_rows(records: Records) -> Normalised:
 
 def preference_rows(records: Records) -> Normalised:
     """Pairs ``{"prompt", "chosen", "rejected", "corruption": "none", "name", "source"}`` (TRL conversational
-    preference rows) from records of any shape in :data:`PREFERENCE_SHAPES`.
+    preference rows) from records of any shape in :data:`PREFERENCE_SHAPES`; unpaired rows from ``unpaired``.
 
     Raises:
-        UserError: The shape cannot be told (see :func:`detect_shape`), a record is malformed (names its row), or
-            every record has an empty answer.
+        UserError: The shape cannot be told (see :func:`detect_shape`), a record is malformed or has a label that is
+            not true or false (names its row), or every record has an empty answer.
     """
-    build = {"explicit_prompt": _explicit_prompt, "implicit_prompt": _implicit_prompt}[
-        detect_shape("preference", PREFERENCE_SHAPES, records)
-    ]
+    shape = detect_shape("preference", PREFERENCE_SHAPES, records)
+    if shape == "unpaired":
+        return _normalise(records, _unpaired, lambda r: [r["completion"]])
+    build = {"explicit_prompt": _explicit_prompt, "implicit_prompt": _implicit_prompt}[shape]
 
     def row(record: Record) -> Row:
         prompt, chosen, rejected = build(record.values, record.where)
@@ -359,6 +365,26 @@ def _explicit_prompt(values: dict[str, Any], where: str) -> Pair:
     answers = [_turns(values[c], "assistant", where, c) for c in ("chosen", "rejected")]
     chosen, rejected = (a[len(prompt) :] if a[: len(prompt)] == prompt else a for a in answers)
     return prompt, chosen, rejected
+
+
+def _label(value: Any, where: str) -> bool:
+    """An unpaired record's `label` as a bool: true/false, 1/0, or a text of :data:`LABELS`."""
+    if isinstance(value, bool):
+        return value
+    text = value.strip().lower() if isinstance(value, str) else str(int(value)) if value in (0, 1) else None
+    if text not in LABELS:
+        raise UserError(f"{where}: `label` must be true (desirable) or false (undesirable), 1/0 or the text "
+                        f"\"true\"/\"false\"; got {_show(value)}")
+    return LABELS[text]
+
+
+def _unpaired(record: Record) -> Row:
+    prompt = _prompt(record.values["prompt"], record.where)
+    completion = _turns(record.values["completion"], "assistant", record.where, "completion")
+    if completion[: len(prompt)] == prompt:  # a whole conversation: the completion is what follows the prompt
+        completion = completion[len(prompt):]
+    return {"prompt": prompt, "completion": completion, "label": _label(record.values["label"], record.where),
+            "name": record.name, "source": record.source}
 
 
 def _implicit_prompt(values: dict[str, Any], where: str) -> Pair:

@@ -34,6 +34,10 @@ def load_split(path: Path, columns: tuple[str, ...], limit: int | None = None, o
     columns = columns + tuple(c for c in optional if c in rows[0])
     for lineno, row in enumerate(rows, 1):
         missing = [c for c in columns if c not in row]
+        if missing and {"completion", "label"} <= row.keys() and "chosen" in missing:
+            raise UserError(f"{path}: unpaired preference rows (prompt, completion, label: the data.local.preference "
+                            "or data.hf_preference given), which only dpo.method kto reads; give pairs (prompt, "
+                            "chosen, rejected) for the other methods and the reward stage, and rerun prepare")
         if missing:
             raise UserError(f"{path}:{lineno}: missing column(s) {missing}; expected {list(columns)}")
     return Dataset.from_list([{c: row[c] for c in columns} for row in rows])

@@ -14,7 +14,13 @@ its training stages.
    (``metrics/<stage>.json``).
 6. Every RL stage on verifiable rewards (the registry's ``verifiable``: grpo) writes better code: its generation
    score is at least :data:`RL_MIN_SCORE_GAIN` above ``sft``'s (``llmpipe_generation.score``), and by at least
-   :data:`MIN_MARGIN_SE` standard errors of the difference.
+   :data:`MIN_MARGIN_SE` standard errors of the difference. On users' own data (``data.source`` other than stdlib),
+   where no stdlib function is generated: it passes more of the held-out tasks' tests than ``sft``
+   (:data:`TESTS_PASS`), skipped while the data has no such tasks.
+
+The claims speak of the data: functions and corrupted bodies on the stdlib, held-out text, responses and pairs on
+users' own data. Without pretraining (``pretrain.enabled: false``) check 1 is skipped and check 2 compares sft with
+the baseline, the model sft started from.
 
 Wherever lm-eval or the stage gives a standard error, a check passes only by a margin of :data:`MIN_MARGIN_SE` of
 them (lm-eval gives none for bits per byte: checks 1 and 2 compare the figures as they are).
@@ -23,8 +29,9 @@ Beside the claims, :func:`run_costs` flags what post-training cost: each post-tr
 byte against its input model's (the "alignment tax", flagged above :data:`ALIGNMENT_TAX_MAX_RISE`) and the RL
 stages' share of distinct generated bodies (flagged below :data:`RL_MIN_DISTINCT`: one body written for every
 prompt is reward hacking, not learning).
-A check whose models are not evaluated (not in ``eval.models``) or whose metric is missing is skipped, saying
-why; a GRPO run whose groups never differed in reward (no gradient at all) fails check 5.
+A check whose models are not evaluated for the current params (not in ``eval.models``, or their metrics are of
+another run: :mod:`llmpipe.report.current`) or whose metric is missing is skipped, saying why; a GRPO run whose
+groups never differed in reward (no gradient at all) fails check 5.
 """
 
 from __future__ import annotations
@@ -56,6 +63,13 @@ flagged."""
 RL_MIN_SCORE_GAIN = 0.05
 """Smallest gain of ``llmpipe_generation.score`` from sft to an RL stage on verifiable rewards (check 6): 5 points."""
 
+TESTS_PASS = "llmpipe_tasks.tests_pass"
+"""The share of held-out task tests a model's code passes, on tasks with tests users give: check 6 on their
+data (:func:`tests_pass_gain`); skipped while the data has none."""
+
+DISTINCT = {True: "llmpipe_generation.distinct", False: "llmpipe_answers.distinct"}
+"""The share of distinct generated answers, by whether the data is the stdlib (`llmpipe.evaluation.tasks.tasks_for`)."""
+
 
 @dataclass(frozen=True)
 class Check:
@@ -79,8 +93,9 @@ class Check:
 def _pair(evals: Metrics, key: str, model: str, ref: str) -> tuple[float, float] | str:
     """``(evals[model][key], evals[ref][key])``, or the reason the check must be skipped."""
     missing = [m for m in (model, ref) if m not in evals]
-    if missing:
-        return f"skipped: {' and '.join(missing)} not in eval.models"
+    if missing:  # not in eval.models, or its evaluation is of other params or inputs (llmpipe.report.current)
+        return (f"skipped: no evaluation of {' and '.join(missing)} for these params (in eval.models? dvc repro "
+                f"{' '.join(f'evaluate@{m}' for m in missing)})")
     absent = [m for m in (model, ref) if key not in evals[m]]
     if absent:
         return f"skipped: no {key} for {' and '.join(absent)} (is the task in eval.tasks, with data?)"
@@ -110,11 +125,15 @@ def beyond_noise(gain: float, se: float | None) -> tuple[bool, str]:
     return gain >= MIN_MARGIN_SE * se, f", {gain / se:+.1f} s.e. of {se:.3f}"
 
 
-def pretrain_vs_baseline(evals: Metrics) -> Check:
-    """Check 1; its value is the ratio pretrain / baseline of ``llmpipe_perplexity.bits_per_byte``."""
-    claim = (f"pretrain's bits per byte on held-out code is at most {PRETRAIN_MAX_BPB_RATIO} × the untrained "
-             "baseline's (llmpipe_perplexity.bits_per_byte)")
+def pretrain_vs_baseline(evals: Metrics, stdlib: bool = True, pretrained: bool = True) -> Check:
+    """Check 1; its value is the ratio pretrain / baseline of ``llmpipe_perplexity.bits_per_byte``. Skipped when
+    nothing was pretrained (``pretrain.enabled: false``: models/pretrain is the baseline)."""
+    claim = (f"pretrain's bits per byte on held-out {'code' if stdlib else 'text'} is at most "
+             f"{PRETRAIN_MAX_BPB_RATIO} × the {'untrained ' if stdlib else ''}baseline's (llmpipe_perplexity.bits_per_byte)")
     metric = "check_pretrain_bpb_ratio"
+    if not pretrained:
+        return _skipped(claim, metric, "skipped: pretrain.enabled is false (nothing was pretrained: models/pretrain "
+                        "is the baseline)")
     pair = _pair(evals, "llmpipe_perplexity.bits_per_byte", "pretrain", "baseline")
     if isinstance(pair, str):
         return _skipped(claim, metric, pair)
@@ -124,30 +143,32 @@ def pretrain_vs_baseline(evals: Metrics) -> Check:
                  f"pretrain {ours:.4f} / baseline {ref:.4f} = {ratio:.3f}")
 
 
-def sft_vs_pretrain(evals: Metrics) -> Check:
-    """Check 2; its value is sft − pretrain of ``llmpipe_sft_chat.bits_per_byte`` (negative passes)."""
-    claim = "sft's response bits per byte in the chat format is below pretrain's (llmpipe_sft_chat.bits_per_byte)"
+def sft_vs_pretrain(evals: Metrics, source: str = "pretrain") -> Check:
+    """Check 2; its value is sft − `source` (sft's input model: pretrain, or the baseline when nothing was
+    pretrained) of ``llmpipe_sft_chat.bits_per_byte`` (negative passes)."""
+    claim = f"sft's response bits per byte in the chat format is below {source}'s (llmpipe_sft_chat.bits_per_byte)"
     metric = "check_sft_chat_bpb_delta"
-    pair = _pair(evals, "llmpipe_sft_chat.bits_per_byte", "sft", "pretrain")
+    pair = _pair(evals, "llmpipe_sft_chat.bits_per_byte", "sft", source)
     if isinstance(pair, str):
         return _skipped(claim, metric, pair)
     ours, ref = pair
-    detail = f"chat format: pretrain {ref:.4f} → sft {ours:.4f} ({ours - ref:+.4f})"
-    plain = _pair(evals, "llmpipe_sft_plain.bits_per_byte", "sft", "pretrain")
+    detail = f"chat format: {source} {ref:.4f} → sft {ours:.4f} ({ours - ref:+.4f})"
+    plain = _pair(evals, "llmpipe_sft_plain.bits_per_byte", "sft", source)
     if not isinstance(plain, str):
-        detail += f"; plain format: pretrain {plain[1]:.4f} → sft {plain[0]:.4f} ({plain[0] - plain[1]:+.4f})"
+        detail += f"; plain format: {source} {plain[1]:.4f} → sft {plain[0]:.4f} ({plain[0] - plain[1]:+.4f})"
     return Check(claim, metric, ours - ref, ours < ref, detail)
 
 
-def dpo_vs_sft(evals: Metrics) -> Check:
+def dpo_vs_sft(evals: Metrics, stdlib: bool = True) -> Check:
     """Check 3; its value is dpo − sft of ``llmpipe_preference.acc_norm`` (positive passes).
 
     Per character, not summed: a truncated body is a prefix of the real one, so its summed loglikelihood is
     higher for any model and summed accuracy on that third of the pairs cannot move. The detail gives the
     summed accuracy and each corruption type beside it.
     """
-    claim = ("dpo prefers the real body over the corrupted one more often than sft, by at least "
-             f"{MIN_MARGIN_SE:g} standard errors (llmpipe_preference.acc_norm, loglikelihood per character)")
+    pair_words = "the real body over the corrupted one" if stdlib else "the chosen response of held-out pairs"
+    claim = (f"dpo prefers {pair_words} more often than sft, by at least {MIN_MARGIN_SE:g} standard errors "
+             "(llmpipe_preference.acc_norm, loglikelihood per character)")
     metric = "check_dpo_preference_acc_norm_delta"
     key = "llmpipe_preference.acc_norm"
     pair = _pair(evals, key, "dpo", "sft")
@@ -162,14 +183,16 @@ def dpo_vs_sft(evals: Metrics) -> Check:
     return Check(claim, metric, ours - ref, passed, detail)
 
 
-def reward_accuracy(stages: Metrics) -> Check:
+def reward_accuracy(stages: Metrics, stdlib: bool = True) -> Check:
     """Check 4; its value is the smallest of the overall and per-type held-out accuracies."""
+    per_type = " and for each corruption type" if stdlib else ""
     claim = (f"the reward model ranks held-out pairs right at least {REWARD_MIN_ACCURACY} of the time, overall "
-             f"(by {MIN_MARGIN_SE:g} standard errors) and for each corruption type (metrics/reward.json)")
+             f"(by {MIN_MARGIN_SE:g} standard errors){per_type} (metrics/reward.json)")
     metric = "check_reward_min_accuracy"
     m = stages.get("reward")
     if m is None or "accuracy" not in m:
-        return _skipped(claim, metric, "skipped: no metrics/reward.json with an accuracy (run the reward stage)")
+        return _skipped(claim, metric, "skipped: no metrics/reward.json of these params with an accuracy (run the "
+                        "reward stage)")
     values = {k: v for k, v in m.items() if k == "accuracy" or (k.startswith("accuracy_") and not k.endswith("_se"))}
     worst = min(values.values())
     detail = ", ".join(f"{k.removeprefix('accuracy_') if k != 'accuracy' else 'overall'} {v:.3f}"
@@ -190,7 +213,7 @@ def rl_reward_gain(stages: Metrics, stage: str) -> Check:
     m = stages.get(stage)
     keys = ("reward_first", "reward_first_se", "reward_last", "reward_last_se")
     if m is None:
-        return _skipped(claim, metric, f"skipped: no metrics/{stage}.json (run the {stage} stage)")
+        return _skipped(claim, metric, f"skipped: no metrics/{stage}.json of these params (run the {stage} stage)")
     if m.get("frac_zero_std_groups", 0.0) >= 1.0:  # GRPO's advantages are all 0: loss and gradient 0 on every step
         return Check(claim, metric, 0.0, False, f"{stage} ran, but every group's rewards were equal on every step "
                      "(frac_zero_std_groups 1.0): no advantage, no gradient, the policy never moved; use rewards "
@@ -228,20 +251,42 @@ def generation_gain(evals: Metrics, stage: str) -> Check:
     return Check(claim, metric, ours - ref, significant and ours - ref >= RL_MIN_SCORE_GAIN - 1e-9, detail)
 
 
-def run_checks(evals: Metrics, stages: Metrics) -> list[Check]:
-    """Every check, in order.
+def tests_pass_gain(evals: Metrics, model: str, ref: str = "sft") -> Check:
+    """Check 6 on users' own data, where no stdlib function is generated: `model` passes more of the held-out
+    tasks' tests than `ref` (:data:`TESTS_PASS`, from the tasks a user gives), by :data:`MIN_MARGIN_SE`
+    standard errors; skipped, saying so, where the data has no such tasks."""
+    claim = (f"{model} passes more of the held-out tasks' tests than {ref}, by at least {MIN_MARGIN_SE:g} standard "
+             f"errors ({TESTS_PASS})")
+    metric = f"check_{model}_tests_pass_delta"
+    if not any(TESTS_PASS in m for m in evals.values()):
+        return _skipped(claim, metric, f"skipped: no {TESTS_PASS} (this data has no executable tasks with tests)")
+    pair = _pair(evals, TESTS_PASS, model, ref)
+    if isinstance(pair, str):
+        return _skipped(claim, metric, pair)
+    ours, theirs = pair
+    passed, noise = beyond_noise(ours - theirs, _stderr_of_difference(evals, TESTS_PASS, model, ref))
+    return Check(claim, metric, ours - theirs, passed, f"{ref} {theirs:.3f} → {model} {ours:.3f} "
+                 f"({ours - theirs:+.3f}{noise})")
+
+
+def run_checks(evals: Metrics, stages: Metrics, stdlib: bool = True, sft_source: str = "pretrain") -> list[Check]:
+    """Every check, in order, in the words of the data.
 
     Args:
         evals: Evaluation metrics per model.
         stages: Training-stage metrics per stage (``metrics/<stage>.json``); missing stages are skipped.
+        stdlib: Whether the data is the embedded stdlib corpus (``data.source``); on users' own data no check
+            grades Python code, and check 6 reads the tests of their tasks (:func:`tests_pass_gain`).
+        sft_source: sft's input model: ``pretrain``, or ``baseline`` when nothing was pretrained (check 1 is then
+            skipped).
     """
     return [
-        pretrain_vs_baseline(evals),
-        sft_vs_pretrain(evals),
-        dpo_vs_sft(evals),
-        reward_accuracy(stages),
+        pretrain_vs_baseline(evals, stdlib, pretrained=sft_source == "pretrain"),
+        sft_vs_pretrain(evals, sft_source),
+        dpo_vs_sft(evals, stdlib),
+        reward_accuracy(stages, stdlib),
         *(rl_reward_gain(stages, stage) for stage in RL_TASKS),
-        *(generation_gain(evals, stage) for stage in VERIFIABLE_TASKS),
+        *(generation_gain(evals, stage) if stdlib else tests_pass_gain(evals, stage) for stage in VERIFIABLE_TASKS),
     ]
 
 
@@ -260,13 +305,13 @@ def alignment_tax(evals: Metrics, stage: str, source: str) -> Check:
                  f"{source} {ref:.3f} → {stage} {ours:.3f} (×{ratio:.3f})")
 
 
-def distinct_answers(evals: Metrics, stage: str, source: str) -> Check:
-    """The share of distinct bodies RL `stage` generates (``llmpipe_generation.distinct``), beside its input
-    model's; flagged (passed False) below :data:`RL_MIN_DISTINCT`."""
-    claim = (f"{stage} writes distinct bodies for at least {RL_MIN_DISTINCT:.0%} of the prompts "
-             "(llmpipe_generation.distinct)")
+def distinct_answers(evals: Metrics, stage: str, source: str, stdlib: bool = True) -> Check:
+    """The share of distinct bodies (answers, on users' data) RL `stage` generates (:data:`DISTINCT`), beside its
+    input model's; flagged (passed False) below :data:`RL_MIN_DISTINCT`."""
+    key = DISTINCT[stdlib]
+    claim = (f"{stage} writes distinct {'bodies' if stdlib else 'answers'} for at least {RL_MIN_DISTINCT:.0%} of the "
+             f"prompts ({key})")
     metric = f"cost_{stage}_distinct"
-    key = "llmpipe_generation.distinct"
     if key not in evals.get(stage, {}):
         return _skipped(claim, metric, f"skipped: no {key} for {stage} (is it in eval.models and eval.tasks?)")
     ours = evals[stage][key]
@@ -274,7 +319,8 @@ def distinct_answers(evals: Metrics, stage: str, source: str) -> Check:
     return Check(claim, metric, ours, ours >= RL_MIN_DISTINCT, f"{before}{stage} {ours:.3f}")
 
 
-def run_costs(evals: Metrics, sources: dict[str, str], rl_stages: tuple[str, ...]) -> list[Check]:
+def run_costs(evals: Metrics, sources: dict[str, str], rl_stages: tuple[str, ...], stdlib: bool = True
+              ) -> list[Check]:
     """What each post-training stage cost, in order: the alignment tax of every stage in `sources`, then the
     distinct-answer share of every RL stage.
 
@@ -282,6 +328,7 @@ def run_costs(evals: Metrics, sources: dict[str, str], rl_stages: tuple[str, ...
         evals: Evaluation metrics per model.
         sources: ``{post-training stage: its input model}`` (sft: pretrain, dpo: sft, ppo: ppo.policy, …).
         rl_stages: The RL stages among them.
+        stdlib: Whether the data is the stdlib corpus (which generation task gives the distinct share).
     """
     costs = [alignment_tax(evals, stage, source) for stage, source in sources.items()]
-    return costs + [distinct_answers(evals, stage, sources[stage]) for stage in rl_stages if stage in sources]
+    return costs + [distinct_answers(evals, stage, sources[stage], stdlib) for stage in rl_stages if stage in sources]

@@ -27,6 +27,9 @@ SEED = 1234
 BOOTSTRAP_ITERS = 1000
 """Bootstrap resamples for the stderr of metrics without a closed form (lm-eval's default is 100,000)."""
 
+NUM_ANSWERS = 8
+"""Greedy answers kept per generation task, first documents first, for the report's side-by-side table."""
+
 
 def check_llmpipe_names(names: Sequence[str]) -> None:
     """Refuse an ``llmpipe_*`` name that is not one of our tasks (a typo; lm-eval would not know it either).
@@ -88,7 +91,7 @@ def context_length(model_dir: Path, requested: int) -> int:
 
 def evaluate(
     model_dir: str | Path, names: Sequence[str], manager, cfg: EvalParams, trust_remote_code: bool = False,
-    attn_implementation: str | None = None,
+    attn_implementation: str | None = None, answers_to: list[dict[str, str]] | None = None,
 ) -> dict[str, float]:
     """Evaluate the model in `model_dir` on the tasks `names` with lm-eval.
 
@@ -101,6 +104,8 @@ def evaluate(
             `task_options` (tasks with different options are evaluated in separate `simple_evaluate` calls).
         trust_remote_code: Let pickled weights and ``auto_map`` code load (`llmpipe.models`).
         attn_implementation: ``model.attn_implementation``.
+        answers_to: A list that the first :data:`NUM_ANSWERS` greedy answers of each llmpipe generation task are
+            appended to (:func:`first_answers`); None keeps none.
 
     Returns:
         ``{"<task>.<metric>": value}``, with ``<task>.<metric>_stderr`` where lm-eval computes one and
@@ -142,7 +147,7 @@ def evaluate(
                 tasks=group,
                 limit=cfg.limit,
                 task_manager=manager,
-                log_samples=False,
+                log_samples=answers_to is not None,
                 bootstrap_iters=BOOTSTRAP_ITERS,
                 random_seed=SEED,
                 numpy_random_seed=SEED,
@@ -151,12 +156,35 @@ def evaluate(
                 **evaluate_kwargs(options),
             )
             metrics |= flatten(results)
+            if answers_to is not None:
+                answers_to += first_answers(results)
     if lm.num_truncated:
         log.warning("%s: %d lm-eval requests of tasks %s were longer than %d tokens and cut from the left to fit "
                     "(their scores are of cut inputs); raise eval.max_length (up to the model's "
                     "max_position_embeddings) or leave such tasks out", model_dir, lm.num_truncated,
                     ", ".join(names), lm.max_length)
     return {**metrics, "num_truncated_requests": float(lm.num_truncated)}
+
+
+def answers_path(params: Any, model: str) -> Path:
+    """``<paths.logs>/evaluate/<model>/answers.jsonl``: the evaluate stage's first greedy answers of the generation
+    task (:func:`first_answers`), which the report shows side by side."""
+    return params.paths.out(params.paths.logs, "evaluate", model, "answers.jsonl")
+
+
+def first_answers(results: dict[str, Any], limit: int = NUM_ANSWERS) -> list[dict[str, str]]:
+    """``{"task", "prompt", "answer"}`` of the first `limit` documents of each llmpipe ``generate_until`` task in
+    lm-eval's logged samples (``log_samples=True``): ``prompt`` is the prompt turns' text, ``answer`` the greedy
+    completion up to the stop string."""
+    out = []
+    for task, samples in results.get("samples", {}).items():
+        if task not in LOCAL_TASKS or LOCAL_TASKS[task].output_type != "generate_until":
+            continue
+        for example in sorted(samples, key=lambda e: e["doc_id"])[:limit]:
+            answer = example["filtered_resps"][0]  # one request per document
+            out.append({"task": task, "prompt": example["doc"]["prompt"],
+                        "answer": answer[0] if isinstance(answer, list) else answer})  # fmt: skip
+    return out
 
 
 def flatten(results: dict[str, Any]) -> dict[str, float]:

@@ -47,6 +47,21 @@ def generation_score(doc: dict[str, Any], results: list[str]) -> dict[str, float
     }
 
 
+def answer_score(doc: dict[str, Any], results: list[str]) -> dict[str, Any]:
+    """Score one greedy answer to a held-out prompt of users' own data (the `llmpipe_answers` task).
+
+    Args:
+        doc: The rendered document: ``reference`` (the held-out response).
+        results: lm-eval's one generated string (up to the stop string, which is not included).
+
+    Returns:
+        ``exact``: 1.0 when the answer is the reference, surrounding whitespace aside; ``distinct``: the answer
+        without surrounding whitespace, for :func:`distinct_share`.
+    """
+    answer = results[0].strip()
+    return {"exact": float(answer == doc["reference"].strip()), "distinct": answer}
+
+
 def distinct_share(completions: list[str]) -> float:
     """lm-eval aggregation: distinct completions / completions (1.0 when every prompt got its own body; 1/N
     when a policy writes one body for all N prompts, the mode collapse a verifiable reward invites)."""
@@ -70,6 +85,6 @@ def preference_accuracy(doc: dict[str, Any], results: list[tuple[float, bool]]) 
     acc = float(max(range(len(lls)), key=lls.__getitem__) == doc["label"])
     acc_norm = float(max(range(len(norm)), key=norm.__getitem__) == doc["label"])
     out = {"acc": acc, "acc_norm": acc_norm}
-    if doc.get("corruption"):
+    if doc.get("corruption") not in (None, "none"):  # users' pairs carry "none": no type to break down by
         out |= {f"acc_{doc['corruption']}": acc, f"acc_norm_{doc['corruption']}": acc_norm}
     return out

@@ -8,7 +8,8 @@ then runs them like any built-in task.
 Scoring follows lm-eval's request types (Gao et al., "A framework for few-shot language model evaluation"):
 ``loglikelihood_rolling`` for perplexity, ``loglikelihood`` (context, continuation) for response loss and
 ``multiple_choice`` (one loglikelihood per choice) for accuracy, and ``generate_until`` (greedy decoding up to
-the model's eos) for the generation task, scored by :mod:`llmpipe.rl.rewards`. lm-eval moves trailing whitespace of a
+the model's eos) for the generation tasks, scored by :mod:`llmpipe.rl.rewards` (stdlib functions) or against the
+held-out response (users' data, :func:`tasks_for`). lm-eval moves trailing whitespace of a
 context into its continuation before tokenising, so the newline that closes a rendered prompt is scored as
 the first character of the answer; every choice of a task gets the same newline, which keeps them comparable.
 """
@@ -18,16 +19,24 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import read_jsonl, write_jsonl
 from llmpipe.data.corrupt import CORRUPTIONS
-from llmpipe.data.special import escape, escapes
-
-Row = dict[str, Any]
+from llmpipe.evaluation.documents import (
+    Row,
+    eos_text,
+    render_answers,
+    render_generation,
+    render_perplexity,
+    render_preference,
+    render_sft_chat,
+    render_sft_plain,
+    render_signature_mc,
+)
 
 
 class FunctionRef(str):
@@ -70,6 +79,9 @@ class LocalTask:
         render: ``(row, tokenizer) -> document``; the document has the fields the YAML names.
         fields: YAML keys mapping document fields to lm-eval (`doc_to_text`, `doc_to_target`, …).
         process_results: Dotted name of a `process_results` hook, or None for lm-eval's own scoring.
+        data: Which data it fits: ``stdlib`` (the embedded corpus only: it scores Python code), or ``any``.
+        measures_own: The sentence for users' own data (``data.source`` other than stdlib), where `measures`
+            speaks of functions and modules.
     """
 
     name: str
@@ -80,79 +92,12 @@ class LocalTask:
     render: Callable[[Row, Any], Row]
     fields: dict[str, str]
     process_results: str | None = None
+    data: Literal["stdlib", "any"] = "any"
+    measures_own: str | None = None
 
-
-def _eos(tokenizer) -> str:
-    return tokenizer.eos_token or ""
-
-
-def _chat_prompt(messages: list[dict[str, str]], tokenizer) -> str:
-    """The prompt turns in the model's chat format, ending where the assistant's answer starts."""
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
-def _content(messages: list[dict[str, str]]) -> str:
-    return "".join(m["content"] for m in messages)
-
-
-def _text(text: str, tokenizer) -> str:
-    """Data text as lm-eval must get it so that special-token text in it stays text (`llmpipe.data.special`), for a
-    tokenizer that deletes the escape; other tokenizers get it unchanged."""
-    return escape(text, tokenizer.all_special_tokens) if escapes(tokenizer) else text
-
-
-def _prompt_and_response(row: Row) -> tuple[list[dict[str, str]], str]:
-    """Split an SFT chat row into its prompt turns and the final assistant turn's text."""
-    *prompt, last = row["messages"]
-    if last["role"] != "assistant" or not prompt:
-        raise ValueError("the last message must be an assistant turn, after at least one prompt turn")
-    return prompt, last["content"]
-
-
-def render_perplexity(row: Row, tokenizer) -> Row:
-    """``{"text"}``: the document, scored whole (rolling windows of the context length)."""
-    return {"text": _text(row["text"], tokenizer)}
-
-
-def render_signature_mc(row: Row, tokenizer) -> Row:
-    """``{"context", "choices": [def line × 4], "label"}``; the context is the docstring as Python source (in
-    triple quotes, then a newline)."""
-    choices = [_text(c, tokenizer) for c in row["choices"]]
-    return {"context": _text(f'"""{row["query"]}"""\n', tokenizer), "choices": choices, "label": int(row["label"])}
-
-
-def _sft_document(context: str, continuation: str, response: str) -> Row:
-    return {"context": context, "continuation": continuation, "num_bytes": len(response.encode("utf-8"))}
-
-
-def render_sft_chat(row: Row, tokenizer) -> Row:
-    """``{"context": chat prompt, "continuation": response + eos, "num_bytes": UTF-8 bytes of the response}``."""
-    prompt, response = _prompt_and_response(row)
-    return _sft_document(_chat_prompt(prompt, tokenizer), _text(response, tokenizer) + _eos(tokenizer), response)
-
-
-def render_sft_plain(row: Row, tokenizer) -> Row:
-    """``{"context": prompt + "\\n", "continuation": response, "num_bytes"}``: no chat tokens, no eos."""
-    prompt, response = _prompt_and_response(row)
-    return _sft_document(_text(_content(prompt), tokenizer) + "\n", _text(response, tokenizer), response)
-
-
-def render_generation(row: Row, tokenizer) -> Row:
-    """``{"context": chat prompt, "prompt": def line(s) + docstring, "name": requested function}``."""
-    prompt, _ = _prompt_and_response(row)
-    return {"context": _chat_prompt(prompt, tokenizer), "prompt": _content(prompt), "name": row["name"]}
-
-
-def render_preference(row: Row, tokenizer) -> Row:
-    """``{"context": chat prompt, "choices": [chosen + eos, rejected + eos], "label": 0, "corruption"}``
-    (`corruption` is None for data without that column)."""
-    eos = _eos(tokenizer)
-    return {
-        "context": _chat_prompt(row["prompt"], tokenizer),
-        "choices": [_text(_content(row[key]), tokenizer) + eos for key in ("chosen", "rejected")],
-        "label": 0,
-        "corruption": row.get("corruption"),
-    }
+    def description(self, stdlib: bool) -> str:
+        """What a better score means, in the words of the data: `measures`, or `measures_own` on users' data."""
+        return self.measures if stdlib or self.measures_own is None else self.measures_own
 
 
 ACC = Metric("acc", "mean", True)
@@ -178,6 +123,8 @@ LOCAL_TASKS: dict[str, LocalTask] = {
             ),
             render_perplexity,
             {"doc_to_text": "", "doc_to_target": "text"},
+            measures_own="How well the model predicts held-out documents of the pretraining text, whole (bits per "
+            "UTF-8 byte, and perplexity per byte and per whitespace-separated word); empty without pretraining text.",
         ),
         LocalTask(
             "llmpipe_signature_mc",
@@ -188,6 +135,7 @@ LOCAL_TASKS: dict[str, LocalTask] = {
             (ACC, ACC_NORM),
             render_signature_mc,
             MC_FIELDS,
+            data="stdlib",
         ),
         LocalTask(
             "llmpipe_sft_chat",
@@ -200,6 +148,9 @@ LOCAL_TASKS: dict[str, LocalTask] = {
             render_sft_chat,
             LOGLIK_FIELDS,
             RESPONSE_HOOK,
+            measures_own="Loss on the held-out SFT responses given their prompt in the chat format (bits per UTF-8 "
+            "byte of the response, the eos that ends the turn included); acc: fraction of responses the model would "
+            "produce greedily, token for token.",
         ),
         LocalTask(
             "llmpipe_sft_plain",
@@ -211,6 +162,8 @@ LOCAL_TASKS: dict[str, LocalTask] = {
             render_sft_plain,
             LOGLIK_FIELDS,
             RESPONSE_HOOK,
+            measures_own="The same pairs as llmpipe_sft_chat as plain text (prompt, newline, response; no chat "
+            "tokens, no eos): what the chat format adds or costs.",
         ),
         LocalTask(
             "llmpipe_preference",
@@ -225,6 +178,9 @@ LOCAL_TASKS: dict[str, LocalTask] = {
             render_preference,
             MC_FIELDS,
             "llmpipe.evaluation.hooks.preference_accuracy",
+            measures_own="Does the model give the chosen response of a held-out pair a higher likelihood than the "
+            "rejected one, after the chat prompt? acc: summed loglikelihood; acc_norm: per character (the fair "
+            "comparison when the two differ in length).",
         ),
         LocalTask(
             "llmpipe_generation",
@@ -244,10 +200,42 @@ LOCAL_TASKS: dict[str, LocalTask] = {
             render_generation,
             {"doc_to_text": "context", "doc_to_target": "name"},
             "llmpipe.evaluation.hooks.generation_score",
+            data="stdlib",
+        ),
+        LocalTask(
+            "llmpipe_answers",
+            "sft.jsonl",
+            "generate_until",
+            "The model answers the held-out SFT prompts in the chat format (greedy, up to eval.max_new_tokens; the "
+            "report shows the first answers side by side): exact: share equal to the held-out response (surrounding "
+            "whitespace aside); distinct: share of distinct answers (one answer for every prompt scores near 0).",
+            (Metric("exact", "mean", True), Metric("distinct", FunctionRef("llmpipe.evaluation.hooks.distinct_share"),
+                                                  True)),
+            render_answers,
+            {"doc_to_text": "context", "doc_to_target": "reference"},
+            "llmpipe.evaluation.hooks.answer_score",
         ),
     )
 }
 """llmpipe's tasks by name; any other name in ``eval.tasks`` is a standard lm-eval task."""
+
+OWN_DATA_TASKS = {"llmpipe_generation": "llmpipe_answers"}
+"""The task that takes a stdlib-only task's place on users' own data (``data.source`` other than stdlib); a
+stdlib-only task not named here is left out there."""
+
+
+def tasks_for(names: Iterable[str], stdlib: bool) -> list[str]:
+    """``eval.tasks`` as they apply to the data: all of them on the stdlib; on users' data each stdlib-only task
+    replaced by its :data:`OWN_DATA_TASKS` counterpart, or left out (no Python-code task grades a chat fine-tune).
+    Each name once, in order."""
+    out = []
+    for name in names:
+        task = LOCAL_TASKS.get(name)
+        if not stdlib and task is not None and task.data == "stdlib":
+            name = OWN_DATA_TASKS.get(name)
+        if name is not None:
+            out.append(name)
+    return list(dict.fromkeys(out))
 
 
 def task_config(task: LocalTask, data_file: Path, cache_dir: Path, generation: dict[str, Any] | None = None) -> str:
@@ -364,6 +352,6 @@ def render_tasks(
             write_jsonl(data_file, docs)
             generation = None
             if task.output_type == "generate_until":
-                generation = {"until": [_eos(tokenizer)], "max_gen_toks": max_new_tokens, "do_sample": False}
+                generation = {"until": [eos_text(tokenizer)], "max_gen_toks": max_new_tokens, "do_sample": False}
             (work_dir / f"{name}.yaml").write_text(task_config(task, data_file, work_dir / "hf_cache", generation))
     return counts

@@ -2,6 +2,10 @@
 (pickled weights, ``auto_map`` code), and peft adapter folders (``peft.merge: false``): what makes one, the base it
 was trained on, its config.
 
+A stage trained on an adapter folder saves an adapter whose base is that folder (`llmpipe.train.adapters.wrap`), so
+``peft.merge: false`` in several stages in a row makes a chain: loading its last folder loads the root model, then
+every adapter in order, each merged before the next applies (`llmpipe.models.loading.load_adapter`).
+
 Safe loading: every model and tokenizer folder the pipeline reads goes through :func:`check_model_dir` (models, by
 `llmpipe.models.loading`) or :func:`check_tokenizer_configs` (tokenizers), which refuse, unless the caller trusts
 the folder (``llm-train --trust-remote-code``, passed down as ``trust_remote_code``), what loading could execute:
@@ -81,6 +85,7 @@ def check_model_dir(path: str | Path, what: str, trust_remote_code: bool = False
         return check_adapter(path, what, trust_remote_code)
     if not config.exists():
         raise UserError(f"{path}: no model there; {what}")
+    check_not_adapter_twice(path)
     _refuse_auto_map(config, trust_remote_code)
     names = sorted(f.name for f in path.iterdir() if f.is_file())
     if any(n.endswith(".safetensors") for n in names):
@@ -96,6 +101,27 @@ def check_model_dir(path: str | Path, what: str, trust_remote_code: bool = False
             f"{path / pickles[0]}: weights only as a pickle ({', '.join(pickles)}), which can run code when loaded; "
             f"save the model with safetensors (save_pretrained(dir, safe_serialization=True)), or pass {TRUST_FLAG} "
             "only if you trust its source"
+        )
+
+
+def check_not_adapter_twice(path: Path) -> None:
+    """Refuse a folder holding a model's own weights and a top-level peft ``adapter_config.json``.
+
+    transformers loads such a folder's weights and then applies the adapter over them; when the weights are already
+    the merged model (what some tools write), the adapter is applied twice, silently. Loading the weights alone
+    instead would be as silent the other way, when the weights are the base the adapter was trained on. Which one the
+    folder means only its writer knows, so it is refused, naming both layouts llmpipe loads.
+
+    Raises:
+        UserError: The folder has both; names the folder and the two fixes.
+    """
+    if (path / ADAPTER_CONFIG).exists():
+        raise UserError(
+            f"{path}: holds a model's weights (config.json) and a peft {ADAPTER_CONFIG} beside them, so loading it "
+            "would apply the adapter over those weights: twice, if they are the merged model. If the weights are merged, "
+            f"move {ADAPTER_CONFIG} and adapter_model.safetensors into {path / 'adapter'}/ (llmpipe's layout) or delete "
+            "them; if the folder is the adapter, keep only its adapter files and the tokenizer (its "
+            "base_model_name_or_path names the base)"
         )
 
 
@@ -134,6 +160,12 @@ def model_config(path: str | Path) -> dict[str, Any]:
     return model_config(adapter_base(path)) if is_adapter(path) else read_config(weights_dir(path) / "config.json")
 
 
+def base_what(path: Path) -> str:
+    """The fix named when an adapter's base folder is missing or refused."""
+    return (f"it is the base model (base_model_name_or_path) of the adapter {path}: run from the folder its stage ran "
+            f"in (the path is relative to that folder), or set base_model_name_or_path in {path / ADAPTER_CONFIG}")
+
+
 def check_adapter(path: Path, what: str, trust_remote_code: bool) -> None:
     """:func:`check_model_dir` for an adapter folder: its safetensors weights whole, then its base.
 
@@ -143,4 +175,4 @@ def check_adapter(path: Path, what: str, trust_remote_code: bool) -> None:
     weights = path / "adapter_model.safetensors"
     if problem := safetensors_problem(weights) if weights.exists() else "no such file":
         raise UserError(f"{weights}: damaged or missing adapter ({problem}); {what}")
-    check_model_dir(adapter_base(path), f"it is the base model of the adapter {path}", trust_remote_code)
+    check_model_dir(adapter_base(path), base_what(path), trust_remote_code)

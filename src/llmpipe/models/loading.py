@@ -14,8 +14,9 @@ from typing import Any
 from llmpipe.config import ModelParams
 from llmpipe.core.errors import UserError, root_cause
 from llmpipe.models.build import attn_kwargs, build_model, fit_embeddings
-from llmpipe.models.folders import adapter_base, check_model_dir, check_tokenizer_configs, is_adapter
+from llmpipe.models.folders import adapter_base, base_what, check_model_dir, check_tokenizer_configs, is_adapter
 from llmpipe.models.source import checked_source, read_pointer, weights_dir
+from llmpipe.models.virtual_tokens import fix_virtual_tokens
 
 
 def init_model(cfg: ModelParams, tokenizer, trust_remote_code: bool = False):
@@ -107,7 +108,8 @@ def load_model(path: str | Path, what: str, num_labels: int | None = None, trust
 def load_adapter(path: Path, what: str, num_labels: int | None, trust_remote_code: bool, **kwargs):
     """An adapter folder over its base model (itself loaded by :func:`load_model`, so adapters chain),
     merged into the weights; a virtual-token adapter (prefix or prompt tuning) cannot merge and stays a
-    `peft.PeftModel`.
+    `peft.PeftModel`. The folder's ``generation_config.json``, where a stage wrote one
+    (`llmpipe.models.saved_folder`: the end-of-turn eos), replaces the base's.
 
     Raises:
         UserError: The folder or its base is refused by the safe loaders or missing.
@@ -115,10 +117,15 @@ def load_adapter(path: Path, what: str, num_labels: int | None, trust_remote_cod
     from peft import PeftModel
 
     check_model_dir(path, what, trust_remote_code)
-    base = load_model(adapter_base(path), f"it is the base model of the adapter {path}", num_labels,
-                      trust_remote_code, **kwargs)  # fmt: skip
+    base = load_model(adapter_base(path), base_what(path), num_labels, trust_remote_code, **kwargs)
     model = PeftModel.from_pretrained(base, path)
-    return model if model.peft_config["default"].is_prompt_learning else model.merge_and_unload()
+    model = fix_virtual_tokens(model) if model.peft_config["default"].is_prompt_learning else model.merge_and_unload()
+    if (path / "generation_config.json").exists() and num_labels is None:
+        from transformers import GenerationConfig
+
+        target = model.get_base_model() if isinstance(model, PeftModel) else model
+        target.generation_config = GenerationConfig.from_pretrained(path)
+    return model
 
 
 def load_tokenizer(

@@ -165,8 +165,10 @@ def write_pointer(dest: str | Path, model: ModelParams, tokenizer, trust_remote_
     pointer = {"init_from": model.init_from, "revision": source_label(source) or model.revision,
                "vocab_size": len(tokenizer),
                "files": {f.name: f.stat().st_size for f in sorted(source.iterdir()) if f.is_file()}}
+    from llmpipe.models.saved_folder import save_tokenizer
+
     with atomic_dir(dest) as tmp:
-        tokenizer.save_pretrained(tmp)
+        save_tokenizer(tokenizer, tmp)  # the plain chat template, as in every model folder
         write_json(Path(tmp, POINTER), pointer)
     log.info("%s: a pointer to %s (no weights copied)", dest, model.init_from)
     return pointer

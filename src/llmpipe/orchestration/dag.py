@@ -164,12 +164,16 @@ def stage_block(name: str) -> dict[str, Any]:
     return block
 
 
-def _chart(y_label: str, columns: dict[str, str]) -> dict[str, Any]:
+def _chart(y_label: str, columns: dict[str, str | list[str]]) -> dict[str, Any]:
     return {"x": "step", "x_label": "optimizer step", "y_label": y_label, "y": columns}
 
 
-def _columns(name: str, chart: Chart) -> dict[str, str]:
-    return {_log(name, log): column for log, column in chart.columns}
+def _columns(name: str, chart: Chart) -> dict[str, str | list[str]]:
+    """A chart's ``y``: per log file its column, or its columns as a list when it draws several of one file."""
+    per_log: dict[str, list[str]] = {}
+    for log, column in chart.columns:
+        per_log.setdefault(_log(name, log), []).append(column)
+    return {log: cols[0] if len(cols) == 1 else cols for log, cols in per_log.items()}
 
 
 def _rl_charts(name: str) -> list[dict[str, Any]]:

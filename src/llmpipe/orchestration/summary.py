@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from llmpipe.config.identity import IDENTITY_KEY
 from llmpipe.orchestration.plan import PlannedStage
 
 EVALUATE_STAGE = "evaluate"
@@ -42,6 +43,8 @@ class PipelineResult:
 
 def _flatten(values: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
     for key, value in values.items():
+        if key == IDENTITY_KEY:  # hashes of the params and inputs the metrics came from: no figure to show
+            continue
         if isinstance(value, dict):
             yield from _flatten(value, f"{prefix}{key}.")
         else:

@@ -29,6 +29,23 @@ SAMPLE_CHARS = 240
 """Characters of a completion shown in the side-by-side table."""
 
 
+NOT_RUN = "**not run for these params**"
+"""What the card says in place of the results of a stage whose metrics are of another run, or missing."""
+
+
+def not_run_section(not_run: dict[str, str]) -> list[str]:
+    """The stages and evaluations whose metrics are not of the current params and inputs
+    (:mod:`llmpipe.report.current`), first on the card so that no reader takes another run's numbers for these."""
+    if not not_run:
+        return []
+    warning = (f"**{len(not_run)} stages and evaluations did not run for the current params and inputs. This card "
+               "shows none of their results**: their checks are skipped, their rows, figures and samples left out, "
+               "and `metrics/headline.json` omits them. Run them (`dvc repro <stage>`, `dvc repro "
+               "evaluate@<model>`) to include them.")
+    return ["## ⚠ Not run for these params", "", warning, "", *(f"- **{name}**: {why}" for name, why in not_run.items()),
+            ""]
+
+
 def checks_section(checks: list[Check], costs: list[Check]) -> list[str]:
     lines = ["## Checks", ""]
     lines += [f"- {MARKS[c.passed]} {c.claim}: {c.detail}" for c in checks]
@@ -71,10 +88,13 @@ def stage_rows(stage_metrics: dict[str, dict[str, Any]], logs_dir: Path) -> list
     return rows
 
 
-def stages_section(stage_metrics: dict[str, dict[str, Any]], logs_dir: Path) -> list[str]:
+def stages_section(stage_metrics: dict[str, dict[str, Any]], logs_dir: Path, not_run: list[str]) -> list[str]:
+    """The training stages' table: a row of figures per stage that ran for these params, a row saying
+    :data:`NOT_RUN` for each training stage in `not_run`."""
     rows = stage_rows(stage_metrics, logs_dir)
-    if not rows:
+    if not rows and not not_run:
         return []
+    rows += [[stage, NOT_RUN, *(["–"] * 8)] for stage in not_run]
     header = ["stage", "wall time (s)", "steps", "tokens", "tokens/s", "MFU", "peak memory (GB)", "last train loss",
               "final validation", "best validation"]
     note = ("Tokens: input tokens the trainer counted (`num_input_tokens_seen`); MFU only on a GPU whose peak is "
@@ -82,7 +102,7 @@ def stages_section(stage_metrics: dict[str, dict[str, Any]], logs_dir: Path) -> 
     return ["## Training stages", "", note, "", *table(header, rows), ""]
 
 
-def rl_section(stage_metrics: dict[str, dict[str, Any]], kl_units: dict[str, str]) -> list[str]:
+def rl_section(stage_metrics: dict[str, dict[str, Any]], kl_units: dict[str, str], stdlib: bool = True) -> list[str]:
     """The RL stages' drift from where they started: reward, KL to the reference, response length."""
     header = ["stage", "reward first 10%", "reward last 10%", "KL to reference (end)", "response tokens first → last"]
     rows = []
@@ -101,7 +121,10 @@ def rl_section(stage_metrics: dict[str, dict[str, Any]], kl_units: dict[str, str
         return []
     note = ("Reward hacking shows as reward up while the generation task's score stays flat, the share of trivial "
             "bodies (llmpipe_generation.trivial) rises, the share of distinct bodies (llmpipe_generation.distinct) "
-            "falls (one body written for every prompt), or responses shrink or grow far from where they started.")
+            "falls (one body written for every prompt), or responses shrink or grow far from where they started."
+            if stdlib else "Reward hacking shows as reward up while the held-out answers do not get better (Greedy "
+            "answers, below), the share of distinct answers (llmpipe_answers.distinct) falls (one answer written for "
+            "every prompt), or responses shrink or grow far from where they started.")
     return ["## RL stages", "", *table(header, rows), "", note, ""]
 
 
@@ -123,6 +146,16 @@ def _cell(text: str) -> str:
     return html.escape(clipped, quote=False).replace("|", "\\|").replace("\n", "<br>") or "(empty)"
 
 
+def _side_by_side(found: dict[str, dict[str, str]], who: str, what: str) -> list[str]:
+    """The first :data:`NUM_SAMPLE_PROMPTS` prompts of the first entry of `found` (``{row label: {prompt:
+    answer}}``), each with every entry's answer in a table of columns `who` and `what`."""
+    lines = []
+    for i, prompt in enumerate(list(next(iter(found.values())))[:NUM_SAMPLE_PROMPTS], 1):
+        rows = [[label, _cell(answers[prompt]) if prompt in answers else "–"] for label, answers in found.items()]
+        lines += [f"### Prompt {i}", "", "```", prompt.strip(), "```", "", *table([who, what], rows), ""]
+    return lines
+
+
 def samples_section(stages: tuple[str, ...], logs_dir: Path) -> list[str]:
     """A few fixed prompts answered by every stage that logged samples (``logs/<stage>/samples.jsonl``, its last
     step), side by side."""
@@ -130,12 +163,23 @@ def samples_section(stages: tuple[str, ...], logs_dir: Path) -> list[str]:
     lines = ["## Samples", ""]
     if not found:
         return [*lines, f"No stage logged samples ({logs_dir}/<stage>/samples.jsonl) in this run.", ""]
-    prompts = list(next(iter(found.values()))[1])[:NUM_SAMPLE_PROMPTS]
-    for i, prompt in enumerate(prompts, 1):
-        rows = [[f"{s} (step {fmt(step)})", _cell(answers[prompt]) if prompt in answers else "–"]
-                for s, (step, answers) in found.items()]
-        lines += [f"### Prompt {i}", "", "```", prompt.strip(), "```", "", *table(["stage", "completion"], rows), ""]
-    return lines
+    return lines + _side_by_side({f"{s} (step {fmt(step)})": answers for s, (step, answers) in found.items()},
+                                 "stage", "completion")
+
+
+def answers_section(files: dict[str, Path]) -> list[str]:
+    """The evaluated models' greedy answers to the same held-out prompts, side by side (each model's
+    ``answers.jsonl`` of the evaluate stage: `llmpipe.evaluation.harness.answers_path`)."""
+    found = {}
+    for model, path in files.items():
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        if rows:
+            found[model] = {str(r["prompt"]): str(r["answer"]) for r in rows}
+    if not found:
+        return []
+    note = ("The evaluated models' greedy answers (the evaluation's generation task, up to eval.max_new_tokens) to "
+            "the first held-out prompts.")
+    return ["## Greedy answers", "", note, "", *_side_by_side(found, "model", "answer")]
 
 
 def provenance_section(prov: Provenance, cost_per_hour: float, total_wall_s: float) -> list[str]:

@@ -11,9 +11,11 @@ from pathlib import Path
 RL_PANELS = (
     ("reward", ("reward",), "mean reward per step"),
     ("KL to reference", ("kl",), "KL (the stage's unit)"),
+    ("KL coefficient", ("kl_coef",), "weight of the KL penalty"),
     ("response length", ("response_length", "completions/mean_length"), "tokens per response"),
 )
-"""The RL figure's columns: title, the CSV columns that hold it (PPO's name, then TRL GRPO's), y label."""
+"""The RL figure's columns: title, the CSV columns that hold it (PPO's name, then TRL GRPO's), y label. The KL
+coefficient is PPO's (fixed, or its adaptive controller's); GRPO's `beta` is fixed and not logged."""
 
 
 @dataclass
@@ -70,12 +72,13 @@ def loss_panels(logs: dict[str, tuple[dict, dict]]) -> list[Panel]:
 
 
 def lr_panels(logs: dict[str, tuple[dict, dict]]) -> list[Panel]:
-    """Per stage: the learning rate the optimizer stepped with."""
+    """Per stage: the learning rate the optimizer stepped with (PPO: its value model's too)."""
     panels = []
     for stage, (train, _) in logs.items():
-        found = series(train, "learning_rate")
-        if found:
-            panels.append(Panel(stage, "learning rate", [("lr", *found)]))
+        lines = [(label, *found) for label, name in (("lr", "learning_rate"), ("value lr", "value_learning_rate"))
+                 if (found := series(train, name))]  # fmt: skip
+        if lines:
+            panels.append(Panel(stage, "learning rate", lines))
     return panels
 
 

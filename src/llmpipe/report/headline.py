@@ -12,15 +12,16 @@ from llmpipe.evaluation.checks import Check, Metrics
 
 
 def headline(evals: Metrics, stage_metrics: dict[str, dict[str, Any]], checks: list[Check],
-             costs: list[Check]) -> dict[str, float]:
+             costs: list[Check], num_not_run: int = 0) -> dict[str, float]:
     """The headline of a run: every registry headline number found (4 decimals), the checks passed out of those
-    run, and the costs flagged.
+    run, the costs flagged, and how many stages and evaluations did not run for these params.
 
     Args:
-        evals: Evaluation metrics per model.
-        stage_metrics: ``metrics/<stage>.json`` per stage.
+        evals: Evaluation metrics per model, of the current params only (:mod:`llmpipe.report.current`).
+        stage_metrics: ``metrics/<stage>.json`` per stage, of the current params only.
         checks: The report's checks; skipped ones are not counted.
         costs: The report's costs (:func:`llmpipe.evaluation.checks.run_costs`).
+        num_not_run: Stages and evaluations left out as not run for these params.
     """
     sources = {"eval": evals, "stage": stage_metrics}
     out = {}
@@ -31,4 +32,5 @@ def headline(evals: Metrics, stage_metrics: dict[str, dict[str, Any]], checks: l
     out["checks_passed"] = sum(c.passed is True for c in checks)
     out["checks_run"] = sum(c.passed is not None for c in checks)
     out["costs_flagged"] = sum(c.passed is False for c in costs)
+    out["not_run"] = num_not_run
     return out

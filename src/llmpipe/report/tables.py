@@ -16,6 +16,7 @@ PRIMARY_METRICS = {
     "llmpipe_sft_plain": "bits_per_byte",
     "llmpipe_preference": "acc_norm",
     "llmpipe_generation": "score",
+    "llmpipe_answers": "exact",
 }
 """The one metric per llmpipe task the summary table and the headline show (another task: its first metric)."""
 
@@ -106,13 +107,13 @@ def summary_section(tasks: list[str], evals: Metrics, sources: dict[str, str]) -
             cells.append(f"{fmt(metrics[key])} ({_delta(evals, model, sources.get(model), key)} / "
                          f"{_delta(evals, model, BASELINE, key)})")
         rows.append(cells)
-    note = (f"Each cell: value (change against the model's input model — pretrain for sft, sft for dpo, the policy "
-            f"for ppo and grpo — / change against {BASELINE}).")
+    note = (f"Each cell: value (change against the model's input model — {sources.get('sft', 'pretrain')} for sft, "
+            f"sft for dpo, the policy for ppo and grpo — / change against {BASELINE}).")
     return ["## Results across stages", "", note, "", *table(header, rows), ""]
 
 
-def tasks_section(tasks: list[str], evals: Metrics) -> list[str]:
-    """What each task measures, with its document count."""
+def tasks_section(tasks: list[str], evals: Metrics, stdlib: bool = True) -> list[str]:
+    """What each task measures, in the words of the data (`stdlib`: the embedded corpus), with its document count."""
     lines = ["## Tasks", ""]
     for task in tasks:
         counts = [m[f"{task}.num_docs"] for m in evals.values() if f"{task}.num_docs" in m]
@@ -122,7 +123,7 @@ def tasks_section(tasks: list[str], evals: Metrics) -> list[str]:
             lines.append(f"- **{task}** (standard lm-eval task{docs}).")
             continue
         metrics = ", ".join(f"{m.name} {'↑' if m.higher_is_better else '↓'}" for m in local.metrics)
-        lines.append(f"- **{task}** ({metrics}{docs}): {local.measures}")
+        lines.append(f"- **{task}** ({metrics}{docs}): {local.description(stdlib)}")
         too_long = max((m.get(f"{task}.num_too_long", 0) for m in evals.values()), default=0)
         if counts and max(counts) == 0 and too_long:
             lines.append(f"  *Skipped: all {fmt(too_long)} documents are longer than the evaluation context "

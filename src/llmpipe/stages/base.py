@@ -59,6 +59,8 @@ class TrainerStage(ABC):
         tokenizer: The pipeline tokenizer, set by :meth:`run` before any hook runs.
         data: The stage's data folder (``data/<kind>``, from the registry).
         base: The input model folder (``models/<stage>``, from the registry).
+        peft_config: The peft config :meth:`make_trainer` passes its trainer to wrap the model itself, or None
+            (`llmpipe.train.adapters.for_trainer`: AdaLoRA under a trainer that copies its reference).
     """
 
     name: ClassVar[str]
@@ -70,11 +72,17 @@ class TrainerStage(ABC):
         self.params, self.cfg, self.trust_remote_code = params, params.stage(self.name), trust_remote_code
         self.data, self.base = data_input(self.name, params), model_input(self.name, params)
         self.tokenizer: Any = None
+        self.peft_config: Any = None
 
     @property
     def missing_base(self) -> str:
-        """The fix when the input model folder is missing: the stage that writes it."""
-        return f"run the {self.base.name} stage first (dvc repro {self.base.name})"
+        """The fix when the input model folder is missing: the stage that writes it, and the command that runs it."""
+        stage = self.base.name
+        if stage == "pretrain" and not self.params.pretrain.enabled:  # it trains nothing: a pointer, in seconds
+            return ("pretrain.enabled is false, so the pretrain stage writes there only a pointer to model.init_from "
+                    f"({self.params.model.init_from}), in seconds: run `llm-train --task pretrain` (or dvc repro "
+                    "pretrain) first")
+        return f"run the {stage} stage first (dvc repro {stage})"
 
     # --- hooks: what a stage states -------------------------------------------------------------------------------
 
@@ -125,6 +133,12 @@ class TrainerStage(ABC):
                           attn_implementation=self.params.model.attn_implementation, **kwargs)  # fmt: skip
 
     @property
+    def copies_reference(self) -> bool:
+        """Whether the stage's TRL trainer copies a peft model's adapter as its frozen reference (dpo, kto; grpo
+        with a KL term): none by default."""
+        return False
+
+    @property
     def adapter(self) -> bool:
         """Whether the stage trains a peft adapter (its reference, where it has one, is the adapter-disabled model)."""
         return self.cfg.peft.method not in ("none", "bitfit")
@@ -162,8 +176,8 @@ class TrainerStage(ABC):
         peft = self.cfg.peft
         model = self.load_model(**adapters.load_kwargs(peft, self.name))
         check_same_tokenizer(self.base, self.tokenizer, params.paths.tokenizer)
-        model = adapters.wrap(model, peft, self.name, self.base, self.task_type, self.cfg.max_steps,
-                               self.cfg.seed)  # fmt: skip
+        model, self.peft_config = adapters.for_trainer(model, peft, self.name, self.base, self.copies_reference,
+                                                       self.task_type, self.cfg.max_steps, self.cfg.seed)  # fmt: skip
         run = open_run(params, self.name, self.inputs(), resume)
         train, valid, counts = early or self._datasets()
         callbacks = [trainer_hooks(params, self.name, run.path, self.tokenizer, self.samples())]
@@ -171,7 +185,8 @@ class TrainerStage(ABC):
             callbacks.append(adapters.adalora_callback())
         trainer = self.make_trainer(model, self.config(run.path), train, valid, callbacks)
         counts |= self.check_trainer(trainer, len(train), len(valid))
-        metrics = train_stage(trainer, params, self.name, run, self.saved_with(), load_base=self.load_model)
+        metrics = train_stage(trainer, params, self.name, run, self.saved_with(), load_base=self.load_model,
+                              chat=True)  # every Trainer stage comes after sft or is it  # fmt: skip
         metrics.update(counts)
         metrics.update(self.extra_metrics(trainer, metrics))
         return metrics

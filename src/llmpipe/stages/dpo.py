@@ -5,7 +5,8 @@ SimPO (Meng et al. 2024) and CPO (Xu et al. 2024), both `trl.experimental.cpo.CP
 models/sft as the frozen reference; ORPO, SimPO and CPO are reference-free and load one copy of the weights.
 
 KTO reads unpaired ``prompt``/``completion``/``label`` rows: the preference file's own when it has those
-columns, else two per pair (chosen desirable, rejected undesirable).
+columns, else two per pair (chosen desirable, rejected undesirable); shuffled, and each row's KL completion is
+another prompt's (:mod:`llmpipe.train.kto`). Its metrics count the desirable and undesirable examples.
 
 TRL cuts sequences to ``dpo.max_length``: DPO and KTO drop the rows whose prompt fills it; CPO and ORPO keep them
 with no completion token (a NaN loss), so the stage drops them. A rejected body that differs from the chosen one
@@ -21,9 +22,9 @@ from pathlib import Path
 
 from llmpipe.config import Params
 from llmpipe.config.training import DPO_LOSS_KEYS
-from llmpipe.core.errors import UserError
 from llmpipe.data.loading import load_split
 from llmpipe.stages.base import TrainerStage
+from llmpipe.train import kto
 from llmpipe.train.arguments import training_kwargs
 from llmpipe.train.checkpoints import ResumeRequest
 from llmpipe.train.guards import drop_no_completion, trainer_preference_signal
@@ -100,35 +101,6 @@ CONFIGS = {"dpo": dpo_config, "kto": kto_config, "orpo": orpo_config, "simpo": c
 REFERENCE_FREE = frozenset({"orpo", "simpo", "cpo"})
 """Methods with no reference model: the stage loads models/sft once."""
 
-KTO_COLUMNS = ("prompt", "completion", "label")
-
-
-def unpaired_split(path: Path, limit: int | None):
-    """KTO's unpaired rows (``prompt``, ``completion``, boolean ``label``) from a preference split.
-
-    Args:
-        path: ``data/preference/<split>.jsonl``: pairs (``prompt``, ``chosen``, ``rejected``) or unpaired rows.
-        limit: Keep at most this many rows of the file (``num_samples`` / ``max_eval_samples``).
-
-    Returns:
-        A `datasets.Dataset`: the file's rows when they have ``completion`` and ``label``, else two per pair in
-        pair order: the chosen completion (``label`` True), then the rejected one (False).
-
-    Raises:
-        UserError: The file is missing or empty, or a row lacks a column of its shape.
-    """
-    from datasets import Dataset
-
-    rows = load_split(path, ("prompt",), limit, optional=("completion", "label", "chosen", "rejected"))
-    if {"completion", "label"} <= set(rows.column_names):
-        return rows.select_columns(list(KTO_COLUMNS))
-    if not {"chosen", "rejected"} <= set(rows.column_names):
-        raise UserError(f"{path}: dpo.method kto needs pairs (prompt, chosen, rejected) or unpaired rows "
-                        f"(prompt, completion, label); its first row has {rows.column_names}")  # fmt: skip
-    return Dataset.from_list([{"prompt": r["prompt"], "completion": r[key], "label": key == "chosen"}
-                              for r in rows for key in ("chosen", "rejected")])  # fmt: skip
-
-
 def trainer_class(method: str):
     """TRL's trainer of a ``dpo.method``."""
     if method == "dpo":
@@ -139,13 +111,15 @@ def trainer_class(method: str):
         from trl import KTOTrainer
 
         return KTOTrainer
+    from llmpipe.train.throughput import counting_pair_tokens  # their batches have no input_ids to count
+
     if method == "orpo":
         from trl.experimental.orpo import ORPOTrainer
 
-        return ORPOTrainer
+        return counting_pair_tokens(ORPOTrainer)
     from trl.experimental.cpo import CPOTrainer
 
-    return CPOTrainer
+    return counting_pair_tokens(CPOTrainer)
 
 
 class DPO(TrainerStage):
@@ -158,15 +132,19 @@ class DPO(TrainerStage):
 
     def datasets(self):
         if self.cfg.method == "kto":
-            return (unpaired_split(self.data / "train.jsonl", self.cfg.num_samples),
-                    unpaired_split(self.data / "validation.jsonl", self.cfg.max_eval_samples))  # fmt: skip
+            return (kto.unpaired_split(self.data / "train.jsonl", self.cfg.num_samples, self.cfg.seed),
+                    kto.unpaired_split(self.data / "validation.jsonl", self.cfg.max_eval_samples, self.cfg.seed))
         train = load_split(self.data / "train.jsonl", COLUMNS, self.cfg.num_samples)
         valid = load_split(self.data / "validation.jsonl", COLUMNS, self.cfg.max_eval_samples)
         return train, valid
 
+    @property
+    def copies_reference(self) -> bool:
+        return self.cfg.method not in REFERENCE_FREE
+
     def make_trainer(self, model, args, train, valid, callbacks: list):
         common = {"model": model, "args": args, "train_dataset": train, "eval_dataset": valid,
-                  "processing_class": self.tokenizer, "callbacks": callbacks}  # fmt: skip
+                  "processing_class": self.tokenizer, "callbacks": callbacks, "peft_config": self.peft_config}  # fmt: skip
         if self.cfg.method not in REFERENCE_FREE and not self.adapter:
             # with an adapter, TRL keeps the reference in the same weights (llmpipe.train.adapters): no second copy
             common["ref_model"] = self.load_model()
@@ -175,7 +153,13 @@ class DPO(TrainerStage):
     def check_trainer(self, trainer, num_train: int, num_valid: int) -> dict[str, float]:
         trainer.train_dataset = drop_no_completion(trainer.train_dataset)  # CPO/ORPO keep them: a NaN loss
         trainer.eval_dataset = drop_no_completion(trainer.eval_dataset)
-        return trainer_preference_signal(self.name, trainer, num_train, num_valid, self.cfg.max_length, truncates=True)
+        counts = trainer_preference_signal(self.name, trainer, num_train, num_valid, self.cfg.max_length,
+                                           truncates=True)  # fmt: skip
+        if self.cfg.method == "kto":
+            trainer.train_dataset = kto.mismatched_kl(trainer.train_dataset, self.cfg.per_device_train_batch_size)
+            trainer.eval_dataset = kto.mismatched_kl(trainer.eval_dataset, self.cfg.per_device_eval_batch_size)
+            counts |= kto.label_counts(trainer.train_dataset)
+        return counts
 
     def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
         final = [r for r in trainer.state.log_history if "eval_rewards/accuracies" in r]
@@ -196,7 +180,8 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
 
     Returns:
         The metrics of :func:`llmpipe.train.loop.train_stage`, ``eval_reward_accuracy`` and ``eval_reward_margin``
-        (methods whose trainer logs them: dpo, orpo, simpo, cpo), and per split (``_eval`` for validation)
+        (methods whose trainer logs them: dpo, orpo, simpo, cpo), ``num_desirable`` and ``num_undesirable`` (kto:
+        the training examples of each label it trains on), and per split (``_eval`` for validation)
         ``num_fully_truncated`` (pairs, or KTO examples, whose prompt fills ``dpo.max_length``) and
         ``num_identical_pairs`` (chosen == rejected within ``dpo.max_length`` tokens; KTO: undesirable examples
         with a desirable one's tokens).

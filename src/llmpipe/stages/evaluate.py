@@ -1,8 +1,10 @@
 """`evaluate` stage: lm-evaluation-harness on one model directory (``llm-train --task evaluate --model NAME``).
 
-Reads ``<paths.models>/<model>/`` and ``<paths.data>/eval/``; renders llmpipe's tasks in that model's own
-chat format into a temporary folder (removed at the end) and returns the flat metrics, which the CLI writes
-to ``<paths.metrics>/eval/<model>.json``. DVC runs it as a matrix stage over ``eval.models``.
+Reads ``<paths.models>/<model>/`` and ``<paths.data>/eval/``; renders llmpipe's tasks that apply to the data
+(`llmpipe.evaluation.tasks.tasks_for`: no Python-code task on users' own data) in that model's own chat format into
+a temporary folder (removed at the end), writes the first greedy answers of its generation task to
+``<paths.logs>/evaluate/<model>/answers.jsonl`` (the report shows them side by side) and returns the flat metrics,
+which the CLI writes to ``<paths.metrics>/eval/<model>.json``. DVC runs it as a matrix stage over ``eval.models``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from pathlib import Path
 from llmpipe.config import EvalParams, Params
 from llmpipe.config.stages import REGISTRY
 from llmpipe.core.errors import UserError
+from llmpipe.core.io import write_jsonl
 from llmpipe.evaluation import harness
 from llmpipe.evaluation.options import check_fewshot
-from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks
+from llmpipe.evaluation.tasks import LOCAL_TASKS, render_tasks, tasks_for
 from llmpipe.models import check_model_dir, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -57,7 +60,7 @@ def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str
     """Evaluate ``<paths.models>/<model>`` on ``eval.tasks``.
 
     Args:
-        params: Validated params; reads ``paths``, ``eval`` and ``model.attn_implementation``.
+        params: Validated params; reads ``paths``, ``eval``, ``model.attn_implementation`` and ``data.source``.
         model: A name in ``eval.models``.
         trust_remote_code: Load a model folder with pickled weights or ``auto_map`` code
             (``--trust-remote-code``); passed on to lm-eval's loader.
@@ -74,8 +77,11 @@ def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str
             ``num_fewshot`` in ``eval.task_options`` a task cannot draw (raised before the model is loaded).
     """
     path = model_dir(params, model, trust_remote_code)
-    tasks = list(dict.fromkeys(params.eval.tasks))
-    harness.check_llmpipe_names(tasks)
+    harness.check_llmpipe_names(params.eval.tasks)
+    tasks = tasks_for(params.eval.tasks, params.data.source == "stdlib")
+    if left := [t for t in dict.fromkeys(params.eval.tasks) if t not in tasks]:
+        log.info("data.source %s: %s grade(s) Python functions of the stdlib corpus: evaluating %s instead",
+                 params.data.source, ", ".join(left), ", ".join(tasks))
     tokenizer = load_tokenizer(path, trust_remote_code, what=f"rerun the {model} stage (it saves its tokenizer there)")
     with tempfile.TemporaryDirectory(prefix=f"llmpipe-eval-{model}-") as work:
         max_length = harness.context_length(path, params.eval.max_length)
@@ -94,9 +100,11 @@ def run(params: Params, model: str, trust_remote_code: bool = False) -> dict[str
         names = [name for name in tasks if name not in skipped]
         metrics = {f"{name}.num_docs": 0.0 for name in skipped}
         metrics |= {f"{name}.num_too_long": float(too_long) for name, (_, too_long) in counts.items()}
+        answers: list[dict[str, str]] = []
         if names:
             manager = harness.task_manager(names, work)
             check_fewshot(manager, {n: o for n, o in params.eval.task_options.items() if n in names})
             metrics |= harness.evaluate(path, names, manager, params.eval, trust_remote_code,
-                                        params.model.attn_implementation)
+                                        params.model.attn_implementation, answers_to=answers)
+    write_jsonl(harness.answers_path(params, model), answers)  # a DVC output: written, if empty, for every model
     return metrics

@@ -44,6 +44,9 @@ def group_kwargs(params: Params, run_dir: Path, name: str) -> dict[str, Any]:
         num_iterations=cfg.num_iterations,
         steps_per_generation=cfg.steps_per_generation,
         mask_truncated_completions=cfg.mask_truncated_completions,
+        sync_ref_model=cfg.sync_ref_model,
+        ref_model_mixup_alpha=cfg.ref_model_mixup_alpha,
+        ref_model_sync_steps=cfg.ref_model_sync_steps,
         reward_weights=[spec.weight for spec in cfg.rewards],
         max_completion_length=gen.max_new_tokens,
         temperature=gen.temperature,
@@ -110,8 +113,9 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
         the ppo stage's), ``kl_final`` (mean per-token KL to the reference over the last 10%, nats; only when
         ``beta`` > 0), and
         ``frac_zero_std_groups``: the mean share of groups whose rewards were all equal (TRL's
-        ``frac_reward_zero_std``; with ``scale_rewards: batch`` TRL measures the whole batch instead).
-        Empty when no training step was logged.
+        ``frac_reward_zero_std``; with ``scale_rewards: batch`` TRL measures the whole batch instead), and
+        ``frac_clipped``: the mean share of completions cut at ``grpo.generation.max_new_tokens`` before their eos
+        (TRL's ``completions/clipped_ratio``). Empty when no training step was logged.
     """
     rows = [r for r in log_history if "reward" in r]
     if not rows:
@@ -127,10 +131,25 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
         "response_length_last": lengths.last,
         "frac_zero_std_groups": statistics.fmean(r["frac_reward_zero_std"] for r in rows),
     }
+    clipped = [r["completions/clipped_ratio"] for r in rows if r.get("completions/clipped_ratio") is not None]
+    if clipped:
+        metrics["frac_clipped"] = statistics.fmean(clipped)
     kls = [r["kl"] for r in rows if r.get("kl") is not None]
     if kls:
         metrics["kl_final"] = first_last_tenths(kls).last
     return {k: round(v, 5) for k, v in metrics.items() if math.isfinite(v)}  # DVC metrics must be numbers
+
+
+def all_clipped(log_history: list[dict[str, float]], max_new_tokens: int) -> str | None:
+    """The warning for a run in which every completion of every logged step was cut at `max_new_tokens` before
+    its eos (TRL's ``completions/clipped_ratio`` 1.0 throughout), else None: the rewards then scored cut-off text
+    only, and the policy never learned from an answer it finished."""
+    ratios = [r["completions/clipped_ratio"] for r in log_history if "completions/clipped_ratio" in r]
+    if not ratios or min(ratios) < 1.0:
+        return None
+    return (f"grpo: every completion of all {len(ratios)} logged steps was cut at grpo.generation.max_new_tokens "
+            f"({max_new_tokens}) before its eos (completions/clipped_ratio 1.0): the rewards scored cut-off text only; "
+            "raise grpo.generation.max_new_tokens, or start from a policy that ends its answers (sft)")
 
 
 class GRPO(TrainerStage):
@@ -168,13 +187,26 @@ class GRPO(TrainerStage):
 
         return GRPOTrainer
 
+    @property
+    def copies_reference(self) -> bool:
+        return self.cfg.beta != 0  # TRL's GRPO loads no reference without a KL term
+
     def make_trainer(self, model, args, train, valid, callbacks: list):
         reward_funcs, _ = trl_reward_functions(self.cfg.rewards)  # weights reach TRL through the config
-        return self.trainer_class()(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
-                                    eval_dataset=valid, processing_class=self.tokenizer, callbacks=callbacks)  # fmt: skip
+        trainer = self.trainer_class()(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
+                                       eval_dataset=valid, processing_class=self.tokenizer, callbacks=callbacks,
+                                       peft_config=self.peft_config)  # fmt: skip
+        if self.cfg.sync_ref_model:
+            from llmpipe.rl.reference import checkpoint_reference
+
+            checkpoint_reference(trainer)  # TRL syncs it; its checkpoints would not hold it
+        return trainer
 
     def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
-        """:func:`rl_metrics` and ``eval_reward``; warns when most groups gave no gradient."""
+        """:func:`rl_metrics` and ``eval_reward``; warns when most groups gave no gradient, and when every
+        completion was clipped (:func:`all_clipped`)."""
+        if clipped := all_clipped(trainer.state.log_history, self.cfg.generation.max_new_tokens):
+            log.warning(clipped)
         extra = rl_metrics(trainer.state.log_history)
         final = [r for r in trainer.state.log_history if "eval_reward" in r]
         if final:

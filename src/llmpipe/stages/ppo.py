@@ -116,7 +116,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
 
     missing = f"run the {cfg.policy} stage first (dvc repro {cfg.policy})"
     adapters.save(ppo.accelerator.unwrap_model(ppo.policy), tokenizer, paths.out(paths.models, "ppo"), cfg.peft.merge,
-                  lambda: load_model(policy_dir, missing, trust_remote_code=trust_remote_code))  # fmt: skip
+                  lambda: load_model(policy_dir, missing, trust_remote_code=trust_remote_code), chat=True)  # fmt: skip
     write_plots(state["log_history"], paths.out(paths.logs, "ppo"))
     write_ledger([[i + 1, h["sha"]] for i, h in enumerate(state["history"])], paths.out(paths.logs, "ppo"))
     return loop.summary(ppo, state, resumed_step)

@@ -243,7 +243,7 @@ def metrics(corpus: Corpus, evals: dict[str, list[dict[str, Any]]], data: DataPa
         out[f"num_sft_{split}"] = len(corpus.sft[split])
         out[f"num_preference_{split}"] = len(corpus.preference[split])
     for kind in CORRUPTIONS:
-        out[f"num_preference_{kind}_train"] = sum(r["corruption"] == kind for r in corpus.preference["train"])
+        out[f"num_preference_{kind}_train"] = sum(r.get("corruption") == kind for r in corpus.preference["train"])
     for name in EVAL_SETS:
         out[f"num_eval_{name}"] = len(evals[name])
     out["num_chars_train"] = sum(len(d["text"]) for d in corpus.pretrain["train"])

@@ -136,8 +136,9 @@ def mark_generation(tok, key: str) -> None:
     TRL's `assistant_only_loss` (``sft.assistant_only_loss``) finds the assistant tokens through these markers;
     most hub templates have none. TRL keeps marked copies of the common families' templates
     (`trl.chat_template_utils.get_training_chat_template`), which render the same text. For another template
-    the tokenizer is kept as it is with a warning: the sft stage then refuses ``assistant_only_loss``
-    (`llmpipe.train.guards.check_generation_markers`) rather than put the loss on the whole sequence.
+    the tokenizer is kept as it is: the sft stage then computes the assistant masks by rendering each conversation
+    turn by turn (`llmpipe.data.chat_turns`). Either way the marked copy lives only here, where training reads it:
+    every model folder is saved with the plain template (`llmpipe.models.saved_folder`).
     """
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
@@ -147,8 +148,8 @@ def mark_generation(tok, key: str) -> None:
         tok.chat_template = get_training_chat_template(tok) or tok.chat_template
         log.info("%s: chat template without {%% generation %%} markers; using TRL's marked version of it", key)
     except ValueError:
-        log.warning("%s: the chat template has no {%% generation %%} markers and TRL has no marked version of it; "
-                    "sft.assistant_only_loss needs them (see the sft stage's message)", key)
+        log.info("%s: the chat template has no {%% generation %%} markers and TRL has no marked version of it; sft "
+                 "computes its assistant masks by rendering each conversation turn by turn", key)
 
 
 def run(params: Params, trust_remote_code: bool = False) -> dict[str, float]:

@@ -5,7 +5,12 @@ The one entry for every training stage that fine-tunes (the Trainer-stage base a
 model as without adapters, then :func:`wrap` makes it trainable as `peft:` says. The wrapped model is what the
 trainer gets, with no reference model: TRL's DPO, KTO and GRPO trainers then keep the reference inside the same
 weights (`trl` 1.16 adds a frozen ``ref`` copy of the freshly initialised adapter, so the reference is the input
-model itself for LoRA, AdaLoRA and IA³, whose adapters start as the identity) — one copy of the base in memory.
+model itself for LoRA and IA³, whose adapters start as the identity) — one copy of the base in memory.
+
+AdaLoRA is the exception (:func:`for_trainer`): peft's AdaLoRA model holds one trainable adapter only, so TRL's
+``ref`` copy fails ("AdaLoraModel supports only 1 trainable adapter"). Such a trainer gets the model unwrapped with
+the AdaLoRA config, wraps it itself and takes the adapter-disabled model as the reference, which is the same model
+(AdaLoRA's singular values start at zero).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Any
 from llmpipe.config import PeftParams
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir
-from llmpipe.models import save_model
+from llmpipe.models.saved_folder import finish
+from llmpipe.models.virtual_tokens import fix_virtual_tokens
 
 log = logging.getLogger(__name__)
 
@@ -130,21 +136,55 @@ def wrap(model, cfg: PeftParams, stage: str, source: Path, task: str = "CAUSAL_L
     if cfg.method == "bitfit":
         return _bitfit(model, cfg, stage)
     import peft
-    from transformers import set_seed
 
-    set_seed(seed)
-    model.config._name_or_path = str(source)  # peft writes it as the adapter's base_model_name_or_path
-    if cfg.load_in_4bit:
-        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    model = _prepare(model, cfg, source, seed)
     try:
         wrapped = peft.get_peft_model(model, peft_config(cfg, task, max_steps))
     except ValueError as err:
         raise UserError(f"{stage}.peft: peft refuses {cfg.method} on {type(model).__name__}: {err}; check "
                         f"{stage}.peft.target_modules (module names of the model, or all-linear)") from None  # fmt: skip
+    # The adapter's base is the stage's input folder, so an adapter over an unmerged adapter (peft.merge: false twice)
+    # loads over that chain (`llmpipe.models.folders`). peft would name the folder the weights were read from: for a
+    # chain, its root model, which would silently drop every adapter between.
+    wrapped.peft_config[ADAPTER].base_model_name_or_path = str(source)
     trainable, total = wrapped.get_nb_trainable_parameters()
     log.info("%s: %s adapter, %d trainable of %d parameters (%.3f%%)", stage, cfg.method, trainable, total,
              100 * trainable / total)  # fmt: skip
-    return wrapped
+    return fix_virtual_tokens(wrapped)  # prefix or prompt tuning: the same answers in any batch
+
+
+def _prepare(model, cfg: PeftParams, source: Path, seed: int):
+    """The input model ready for its adapter: seeded (the adapter's initial values), named (peft writes the name as
+    the adapter's ``base_model_name_or_path``), a 4-bit base prepared for training (QLoRA)."""
+    import peft
+    from transformers import set_seed
+
+    set_seed(seed)
+    model.config._name_or_path = str(source)
+    if cfg.load_in_4bit:
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return model
+
+
+def for_trainer(model, cfg: PeftParams, stage: str, source: Path, copies_reference: bool, task: str = "CAUSAL_LM",
+                max_steps: int = -1, seed: int = 0):  # fmt: skip
+    """What a stage hands its TRL trainer: ``(model, peft_config)``.
+
+    Args:
+        model, cfg, stage, source, task, max_steps, seed: As :func:`wrap` takes them.
+        copies_reference: Whether the trainer copies a peft model's adapter as its frozen reference (DPO and KTO;
+            GRPO with ``beta`` > 0).
+
+    Returns:
+        ``(wrap(model, ...), None)``; for AdaLoRA under a trainer that copies its reference, ``(model, config)``:
+        the input model and its peft config, which the trainer wraps itself (the module docstring).
+
+    Raises:
+        UserError: As :func:`wrap`.
+    """
+    if copies_reference and cfg.method == "adalora" and not is_peft_model(model):
+        return _prepare(model, cfg, source, seed), peft_config(cfg, task, max_steps)
+    return wrap(model, cfg, stage, source, task, max_steps, seed), None
 
 
 class DisabledAdapter:
@@ -188,13 +228,14 @@ def adalora_callback():
 
 
 def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[..., Any] | None, state_dict=None,
-         quantized: bool = False):  # fmt: skip
+         chat: bool = False, quantized: bool = False):  # fmt: skip
     """Write a trained model atomically; for an adapter, ``final`` = the merged full model with the adapter in
     ``final/adapter/`` (`merge`), or the adapter itself (``adapter_model.safetensors``, ``adapter_config.json``, the
-    tokenizer). Any other model (method none, bitfit) is saved whole (`llmpipe.models.save_model`).
+    tokenizer). Any other model (method none, bitfit) is saved whole. The folder is finished for the tools that load
+    it (`llmpipe.models.saved_folder.finish`: ``use_cache``, the plain chat template, a chat stage's end-of-turn eos).
 
     The adapter sits in a subfolder of a merged model because transformers loads a folder's top-level
-    ``adapter_config.json`` as an adapter over its ``base_model_name_or_path``, which would apply it twice.
+    ``adapter_config.json`` as an adapter over the folder's own weights, which would apply it twice.
 
     Args:
         model: The unwrapped model.
@@ -204,6 +245,7 @@ def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[..., An
         load_base: Loads the stage's input model afresh, full precision (keywords go to `from_pretrained`): the
             merge is made on it, so the trained model (sharded, or 4-bit) is left as it is for the final evaluation.
         state_dict: The gathered state dict under sharding (FSDP, ZeRO-3); None reads the model's own.
+        chat: A chat stage (sft and after): the folder names the template's end-of-turn token as an eos.
         quantized: The trained base is 4-bit (QLoRA): the adapter is merged into the base reloaded in bf16, its
             compute dtype, never into the 4-bit weights.
 
@@ -212,19 +254,19 @@ def save(model, tokenizer, final: Path, merge: bool, load_base: Callable[..., An
     """
     from peft import PeftModel
 
-    if not is_peft_model(model):
-        save_model(model, tokenizer, final, state_dict=state_dict)
-        return None
     merged = None
     with atomic_dir(final) as tmp:
-        adapter_dir = tmp / "adapter" if merge else tmp
-        model.save_pretrained(adapter_dir, state_dict=state_dict, selected_adapters=[ADAPTER],
-                              save_embedding_layers=False, safe_serialization=True)  # fmt: skip
-        tokenizer.save_pretrained(tmp)
-        if merge:
-            import torch
+        if not is_peft_model(model):
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+        else:
+            adapter_dir = tmp / "adapter" if merge else tmp
+            model.save_pretrained(adapter_dir, state_dict=state_dict, selected_adapters=[ADAPTER],
+                                  save_embedding_layers=False, safe_serialization=True)  # fmt: skip
+            if merge:
+                import torch
 
-            base = load_base(dtype=torch.bfloat16) if quantized else load_base()
-            merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
-            merged.save_pretrained(tmp, safe_serialization=True)
+                base = load_base(dtype=torch.bfloat16) if quantized else load_base()
+                merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+                merged.save_pretrained(tmp, safe_serialization=True)
+        finish(tmp, tokenizer, chat, str(final))
     return merged

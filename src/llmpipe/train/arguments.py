@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import Params, TrainParams
-from llmpipe.config.stages import REGISTRY, TRAINING_TASKS
+from llmpipe.config.adapter_rules import stage_refusal
+from llmpipe.config.stages import ADAPTER_TASKS, REGISTRY, TRAINING_TASKS
 from llmpipe.core.errors import UserError
 from llmpipe.train.trackers import tracker_kwargs
 
@@ -53,17 +54,19 @@ def resolve_precision(precision: str, key: str = "train.precision") -> tuple[boo
 
 
 def check_device_params(params: Params, stage: str) -> None:
-    """Refuse params the device cannot run before a training stage does any work (`llm-train` calls it before the
-    stage loads a model or opens its run folder): the stage's ``precision``, ``optim`` and ``use_liger_kernel``.
+    """Refuse params the stage being run cannot train with before it does any work (`llm-train` calls it before the
+    stage loads a model or opens its run folder): its ``precision``, ``optim`` and ``use_liger_kernel`` on this
+    device, and its `peft:` with its ``optim`` (`llmpipe.config.adapter_rules.stage_refusal`, for what it inherits from
+    `train:`).
 
     Args:
         params: Validated params.
         stage: The task being run; a stage that does not train is not checked.
 
     Raises:
-        UserError: See :func:`resolve_precision`, `llmpipe.train.optimizers.check_optimizer` and
-            :func:`check_liger`; the message names the key where the value was set (``dpo.precision`` under
-            ``dpo``, ``train.precision`` when inherited).
+        UserError: See :func:`resolve_precision`, `llmpipe.train.optimizers.check_optimizer`,
+            :func:`check_liger` and `llmpipe.config.adapter_rules.stage_refusal`; the message names the key where the value
+            was set (``dpo.precision`` under ``dpo``, ``train.precision`` when inherited).
     """
     from llmpipe.train.optimizers import check_optimizer
 
@@ -72,6 +75,8 @@ def check_device_params(params: Params, stage: str) -> None:
         check_optimizer(params.stage(stage).optim, params.source_of(stage, "optim"), params.distributed.strategy)
         if params.stage(stage).use_liger_kernel:
             check_liger(stage, params.source_of(stage, "use_liger_kernel"))
+    if stage in ADAPTER_TASKS and (why := stage_refusal(params, stage)):
+        raise UserError(why.message)
 
 
 def check_liger(stage: str, key: str) -> None:

@@ -46,15 +46,20 @@ def teacher_dir(params: Params) -> Path:
 
 
 def load_teacher(params: Params, tokenizer, trust_remote_code: bool = False):
-    """The teacher of ``sft.distill``, loaded once through `llmpipe.models` in eval mode with no gradients.
+    """The teacher of ``sft.distill``, checked, then loaded once through `llmpipe.models` in eval mode with no
+    gradients. Its embedding may have more rows than the student's (a vocabulary padded to a multiple, the same
+    tokenizer): the divergence reads the ids both have (:class:`DistillSFTTrainer`).
 
     Raises:
-        UserError: See :func:`teacher_dir`; the folder is refused by the loader, or its model was trained with
-            another tokenizer than ``paths.tokenizer`` (the divergence compares token distributions id by id).
+        UserError: See :func:`teacher_dir`; the folder holds no tokenizer files, or another tokenizer than
+            ``paths.tokenizer``, or fewer embedding rows than it has tokens (the divergence compares token
+            distributions id by id), each naming ``sft.distill.teacher``; or the loader refuses the folder.
     """
     path = teacher_dir(params)
+    fix = (f"sft.distill.teacher: give a teacher saved with the tokenizer of {params.paths.tokenizer} (the "
+           "divergence compares the two models' distributions token id by token id)")
+    check_same_tokenizer(path, tokenizer, params.paths.tokenizer, fix=fix, require_tokenizer=True)
     teacher = load_model(path, f"sft.distill.teacher: {path} is missing", trust_remote_code=trust_remote_code)
-    check_same_tokenizer(path, tokenizer, params.paths.tokenizer)
     return teacher.eval().requires_grad_(False)
 
 
@@ -83,13 +88,17 @@ class DistillSFTTrainer(SFTTrainer):
         model_inputs = {k: v for k, v in inputs.items() if k != "labels"} | {"use_cache": False}
         outputs = model(**model_inputs)
         with torch.no_grad(), self.accelerator.autocast():
-            teacher_logits = self.teacher(**model_inputs).logits  # (B, T, V)
+            teacher_logits = self.teacher(**model_inputs).logits  # (B, T, V_teacher)
+        # the ids both embeddings have: rows past the smaller one are padding (both hold every token of the
+        # tokenizer: checked at load), which no label names
+        vocab = min(outputs.logits.shape[-1], teacher_logits.shape[-1])
         labels = inputs["labels"]  # (B, T), unshifted
         d = self.distill
         sft = self.sft_loss(outputs, labels, num_items_in_batch)
         # in fp32: under bf16 autocast the teacher's logits are bf16, and log-softmax in bf16 normalises too coarsely
         # for a divergence (identical models gave -1e-3)
-        kd = GKDTrainer.generalized_jsd_loss(outputs.logits[:, :-1].float(), teacher_logits[:, :-1].float(),
+        kd = GKDTrainer.generalized_jsd_loss(outputs.logits[:, :-1, :vocab].float(),
+                                             teacher_logits[:, :-1, :vocab].float(),
                                              labels=labels[:, 1:], beta=d.beta, temperature=d.temperature,
                                              num_items_in_batch=num_items_in_batch)  # fmt: skip
         loss = (1 - d.alpha) * sft + d.alpha * d.temperature**2 * kd

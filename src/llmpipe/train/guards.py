@@ -34,54 +34,42 @@ to train through. Validation splits are small (``max_eval_samples``), so for the
 error (the validation loss would be undefined or meaningless)."""
 
 def count_fully_truncated(conversations: Iterable[list[dict]], tokenizer, max_length: int | None,
-                          assistant_only_loss: bool) -> int:
+                          assistant_only_loss: bool, source: str = "sample") -> int:
     """Number of chat samples with no label left in their first `max_length` tokens.
 
-    Renders each conversation as TRL's `SFTTrainer` does (the chat template, with the ``{% generation %}``
-    assistant mask when `assistant_only_loss`); a sample is fully truncated when no assistant token is among
-    its first `max_length` tokens (TRL truncates with ``keep_start``), so every label is -100. Without
-    `assistant_only_loss` every token is a label and only an empty sample counts.
+    Renders each conversation as the sft stage gives it to TRL's `SFTTrainer` (the chat template, with the
+    assistant mask of `llmpipe.data.chat_turns.assistant_masks` when `assistant_only_loss`: the template's
+    ``{% generation %}`` markers, or else rendering turn by turn); a sample is fully truncated when no assistant
+    token is among its first `max_length` tokens (TRL truncates with ``keep_start``), so every label is -100.
+    Without `assistant_only_loss` every token is a label and only an empty sample counts.
 
     Args:
         conversations: ``messages`` lists.
-        tokenizer: The stage's tokenizer (chat template with a generation mask).
+        tokenizer: The stage's tokenizer (with its chat template).
         max_length: The stage's ``max_length`` in tokens; None = no truncation.
         assistant_only_loss: The stage's ``assistant_only_loss``.
-    """
-    count = 0
-    for messages in conversations:
-        out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                            return_assistant_tokens_mask=assistant_only_loss)
-        labels = out["assistant_masks"] if assistant_only_loss else [1] * len(out["input_ids"])
-        count += 1 not in labels[:max_length]
-    return count
-
-
-def check_generation_markers(tokenizer, tokenizer_dir, key: str) -> None:
-    """Refuse assistant-only loss with a chat template that has no ``{% generation %}`` markers.
-
-    Without them `apply_chat_template` returns an all-zero assistant mask: every sample would count as fully
-    truncated (and TRL would swap in a template of its own or fail). Refused before any model loads, naming the fix.
-
-    Args:
-        tokenizer: The pipeline tokenizer.
-        tokenizer_dir: Where it was loaded from (named in the message).
-        key: The stage's ``assistant_only_loss`` key, e.g. ``sft.assistant_only_loss``.
+        source: Where the conversations come from (the split's file), named with the row in an error.
 
     Raises:
-        UserError: No chat template, or one without the markers.
+        UserError: `assistant_only_loss` with a template without markers that renders a conversation's earlier
+            turns differently once a later one follows (its assistant tokens cannot be told); names the sample and
+            the fix.
     """
-    from trl.chat_template_utils import has_generation_markers
+    from llmpipe.data.chat_turns import assistant_masks
 
-    if tokenizer.chat_template and has_generation_markers(tokenizer.chat_template):
-        return
-    raise UserError(
-        f"{key} is true but the chat template of {tokenizer_dir} has no {{% generation %}} markers, so the assistant's "
-        "tokens cannot be told from the prompt's (TRL knows marked versions only of common families' templates): wrap "
-        "each assistant message's content and its end-of-turn token in {% generation %}…{% endgeneration %} in the "
-        f"model's chat template (tokenizer_config.json or chat_template.jinja) and rerun the tokenizer stage, or set "
-        f"{key}: false to put the loss on every token"
-    )
+    count = 0
+    for i, messages in enumerate(conversations, 1):
+        if not assistant_only_loss:
+            count += not tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
+            continue
+        try:
+            labels = assistant_masks(tokenizer, messages)["assistant_masks"]
+        except ValueError as err:
+            raise UserError(f"{source}:{i}: {err}, so the assistant's tokens cannot be told from the prompt's; add "
+                            "{% generation %}…{% endgeneration %} around each assistant message and its end-of-turn "
+                            "token in the model's chat template, or set sft.assistant_only_loss: false") from None
+        count += 1 not in labels[:max_length]
+    return count
 
 
 def check_no_signal(count: int, total: int, what: str, fix: str, training: bool = True) -> None:

@@ -48,13 +48,15 @@ def write_plots(log_history: list[dict[str, Any]], log_dir: Path) -> None:
             writer.writerows(rows)
 
 
-def consolidated_save(trainer, tokenizer, final: Path, merge: bool = True, load_base=None, quantized: bool = False):
+def consolidated_save(trainer, tokenizer, final: Path, merge: bool = True, load_base=None, chat: bool = False,
+                      quantized: bool = False):  # fmt: skip
     """Save the trained model as one standard HF directory, whatever the strategy (called on every rank).
 
     Under FSDP the full state dict is gathered from the shards, under DeepSpeed ZeRO-3 the 16-bit weights
     (``stage3_gather_16bit_weights_on_model_save``); both are collectives, so every rank takes part and
     rank 0 writes. A peft model is saved as its adapter, merged (`merge`) into a fresh copy of the input model
     that `load_base` loads (`llmpipe.train.adapters.save`): the gathered state dict holds every rank's shard of it.
+    `chat`: a chat stage's folder names the template's end-of-turn token as an eos (`llmpipe.models.saved_folder`).
 
     Returns:
         The merged model on rank 0 when an adapter was merged, else None.
@@ -65,7 +67,7 @@ def consolidated_save(trainer, tokenizer, final: Path, merge: bool = True, load_
     state_dict = acc.get_state_dict(trainer.model_wrapped if trainer.is_deepspeed_enabled else trainer.model)
     if trainer.is_world_process_zero():
         return adapters.save(acc.unwrap_model(trainer.model), tokenizer, final, merge, load_base,
-                             state_dict=state_dict, quantized=quantized)  # fmt: skip
+                             state_dict=state_dict, chat=chat, quantized=quantized)  # fmt: skip
     return None
 
 
@@ -91,7 +93,8 @@ def _finished_run(trainer, params: Params, stage: str, run: Run) -> bool:
     return params.distributed.strategy not in ("fsdp", "deepspeed")
 
 
-def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_base=None) -> dict[str, float]:
+def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_base=None,
+                chat: bool = False) -> dict[str, float]:  # fmt: skip
     """Train (resuming `run.resume` when set), save the final model, return metrics.
 
     The final model goes to ``models/<stage>`` atomically, before the final evaluation (a crash there loses no
@@ -99,6 +102,8 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_b
 
     Args:
         load_base: Loads the stage's input model afresh (an adapter is merged into it on save).
+        chat: A chat stage (sft and every stage after it): the saved folder names the chat template's end-of-turn
+            token as an eos (`llmpipe.models.saved_folder.finish`).
 
     Raises:
         UserError: The checkpoint named by ``--resume-from`` is past the stage's `max_steps` (from a longer run).
@@ -165,7 +170,7 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_b
         trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
     final = params.paths.out(params.paths.models, stage)
     peft = params.stage(stage).peft
-    merged = consolidated_save(trainer, tokenizer, final, peft.merge, load_base, peft.load_in_4bit)  # before evaluating
+    merged = consolidated_save(trainer, tokenizer, final, peft.merge, load_base, chat, peft.load_in_4bit)  # before evaluating
     if params.distributed.strategy == "ddp" and world["world_size"] > 1:
         agree, diff = ranks_agree(trainer.accelerator, trainer.model)
         if not agree:

@@ -72,14 +72,20 @@ def schedule_kwargs(t: TrainParams, num_training_steps: int) -> dict[str, Any]:
 
 
 def hidden_weights(model) -> set[int]:
-    """The ids of `model`'s 2-D hidden weights: matrices inside its transformer body (``model.base_model``) that
-    are not embeddings. The LM head, a classification or value head (outside the body) and the embeddings stay
-    with AdamW, as in the Muon write-up (Jordan et al. 2024) and nanochat. Under peft, the trainable adapter
-    matrices inside the body are hidden weights; a `modules_to_save` head is not."""
+    """The ids of `model`'s hidden weight matrices: 2-D parameters inside its transformer body (``model.base_model``)
+    with both sides over 1, outside its embeddings. The LM head, a classification or value head (outside the body)
+    and the embeddings stay with AdamW, as in the Muon write-up (Jordan et al. 2024) and nanochat.
+
+    Under peft, the trainable adapter matrices inside the body are hidden weights (LoRA's and AdaLoRA's A and B);
+    not a `modules_to_save` head, not LoRA's ``lora_embedding_A/B`` (parameters of an embedding: AdamW, like the
+    embedding), and not a vector stored as a matrix (AdaLoRA's singular values ``lora_E``, (r, 1); IA³'s scales,
+    (d, 1) or (1, d)), which Muon's orthogonalisation would only normalise."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model: the model it wraps
     body = inner.base_model
-    embeddings = {id(m.weight) for m in body.modules() if isinstance(m, torch.nn.Embedding)}
-    return {id(p) for p in body.parameters() if p.ndim == 2 and id(p) not in embeddings}
+    embeddings = {id(p) for m in body.modules()
+                  if isinstance(m, torch.nn.Embedding) or isinstance(getattr(m, "base_layer", None), torch.nn.Embedding)
+                  for p in m.parameters()}  # fmt: skip (peft's LoRA embedding layer wraps the embedding as base_layer)
+    return {id(p) for p in body.parameters() if p.ndim == 2 and min(p.shape) > 1 and id(p) not in embeddings}
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
@@ -88,7 +94,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     Its `param_groups` are the AdamW groups then the Muon group, the same dicts the two inner optimizers step
     with, so a schedule scales both (each from its own peak: `lr` and `muon_lr`) and the Trainer logs the AdamW
-    rate. Not torch's own: torch keeps Muon 2-D only and leaves the pairing to the user.
+    rate. With nothing for AdamW (LoRA without `modules_to_save`: every trainable parameter is an adapter matrix)
+    there is no AdamW and the Muon rate is logged. Not torch's own: torch keeps Muon 2-D only and leaves the
+    pairing to the user.
 
     Args:
         hidden: The hidden weight matrices.
@@ -103,12 +111,17 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     def __init__(self, hidden: list, rest: list[dict], *, lr: float, muon_lr: float, momentum: float,
                  weight_decay: float, betas: tuple[float, float], eps: float) -> None:  # fmt: skip
-        self.adamw = torch.optim.AdamW([g for g in rest if g["params"]], lr=lr, betas=betas, eps=eps)
+        rest = [g for g in rest if g["params"]]
+        # LoRA's A and B are often every trainable parameter: then no AdamW (torch refuses an empty one)
+        self.adamw = torch.optim.AdamW(rest, lr=lr, betas=betas, eps=eps) if rest else None
         self.muon = torch.optim.Muon(hidden, lr=muon_lr, momentum=momentum, weight_decay=weight_decay)
         super().__init__(self._groups(), {})
 
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [o for o in (self.adamw, self.muon) if o is not None]
+
     def _groups(self) -> list[dict]:
-        return [*self.adamw.param_groups, *self.muon.param_groups]
+        return [g for o in self._optimizers() for g in o.param_groups]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -116,15 +129,16 @@ class MuonWithAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.adamw.step()
-        self.muon.step()
+        for optimizer in self._optimizers():
+            optimizer.step()
         return loss
 
     def state_dict(self) -> dict[str, Any]:
-        return {"adamw": self.adamw.state_dict(), "muon": self.muon.state_dict()}
+        return {"adamw": self.adamw.state_dict() if self.adamw else None, "muon": self.muon.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.adamw.load_state_dict(state_dict["adamw"])
+        if self.adamw:
+            self.adamw.load_state_dict(state_dict["adamw"])
         self.muon.load_state_dict(state_dict["muon"])
         self.param_groups = self._groups()  # loading replaces the inner group dicts: share the new ones
 
@@ -140,7 +154,8 @@ def muon_with_adamw(t: TrainParams, models: list, betas: tuple[float, float] | N
     params = list({id(p): p for m in models for p in m.parameters() if p.requires_grad}.values())
     hidden = [p for p in params if id(p) in hidden_ids]
     if not hidden:
-        raise UserError("optim muon: the model has no trainable hidden weight matrix; use another optimizer")
+        raise UserError("optim muon: the model has no trainable hidden weight matrix (peft target_modules that are "
+                        "embeddings or heads only?); adapt linear layers of the body, or use another optimizer")
     rest = [p for p in params if id(p) not in hidden_ids]
     groups = [{"params": [p for p in rest if p.ndim >= 2], "weight_decay": t.weight_decay},
               {"params": [p for p in rest if p.ndim < 2], "weight_decay": 0.0}]  # fmt: skip

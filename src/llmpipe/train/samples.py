@@ -82,8 +82,11 @@ def function_name(text: str) -> str:
 
 def generation_config(tokenizer, max_new_tokens: int, generation=None):
     """A `transformers.GenerationConfig`: greedy for `max_new_tokens`, or sampled with a ``generation:`` block's
-    settings (`llmpipe.config.rl.GenerationParams`) when given."""
+    settings (`llmpipe.config.rl.GenerationParams`) when given; it stops at the eos and at the chat template's
+    end-of-turn token (`llmpipe.data.chat_turns.end_of_turn`), as the saved folder will (`llmpipe.models.saved_folder`)."""
     from transformers import GenerationConfig
+
+    from llmpipe.data.chat_turns import end_of_turn
 
     sampled: dict[str, Any] = {"do_sample": False}
     if generation is not None:
@@ -92,7 +95,9 @@ def generation_config(tokenizer, max_new_tokens: int, generation=None):
                    "top_k": generation.top_k, "min_p": generation.min_p,
                    "repetition_penalty": generation.repetition_penalty,
                    "suppress_tokens": generation.suppress_tokens or None}  # fmt: skip
-    return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+    eot = end_of_turn(tokenizer)
+    eos = list(dict.fromkeys([tokenizer.eos_token_id, *([tokenizer.convert_tokens_to_ids(eot)] if eot else [])]))
+    return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos,
                             pad_token_id=tokenizer.pad_token_id, use_cache=True, **sampled)  # fmt: skip
 
 

@@ -186,6 +186,37 @@ def device_peak_tflops(device) -> tuple[float | None, str]:
     return datasheet_bf16_tflops(name), name
 
 
+PAIR_INPUTS = ("chosen_input_ids", "rejected_input_ids")
+"""The token tensors of a TRL CPO/ORPO batch (``experimental.cpo``, ``experimental.orpo``), which has no ``input_ids``."""
+
+
+def counting_pair_tokens(trainer_cls: type) -> type:
+    """`trainer_cls` (TRL's CPO or ORPO trainer) counting the tokens of both sequences of each pair into
+    ``state.num_input_tokens_seen``.
+
+    The Trainer counts ``inputs[model.main_input_name]`` (``input_ids``) and counts nothing, with one warning, in
+    a batch without it: CPO, SimPO and ORPO then logged 0 tokens/s. This overrides the Trainer's own counting hook
+    (``_track_num_input_tokens``, transformers 5) for such batches only, as it counts (padding included, every rank
+    summed); a batch that has ``input_ids`` is counted by the Trainer as before.
+    """
+
+    class CountingPairTokens(trainer_cls):
+        def _track_num_input_tokens(self, inputs):
+            if "input_ids" in inputs or not all(k in inputs for k in PAIR_INPUTS):
+                return super()._track_num_input_tokens(inputs)
+            if self.args.include_num_input_tokens_seen == "no":
+                return None
+            import torch
+
+            tokens = torch.as_tensor(sum(inputs[k].numel() for k in PAIR_INPUTS), device=self.args.device,
+                                     dtype=torch.int64)  # fmt: skip
+            self.state.num_input_tokens_seen += self.accelerator.gather(tokens).sum().item()
+            return None
+
+    CountingPairTokens.__name__ = CountingPairTokens.__qualname__ = trainer_cls.__name__
+    return CountingPairTokens
+
+
 class ThroughputCallback(TrainerCallback):
     """Trainer callback adding ``tokens_per_s``, ``peak_memory_gb`` and, on a device with a known peak, ``mfu``
     to every training log entry.

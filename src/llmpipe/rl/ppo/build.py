@@ -1,14 +1,15 @@
 """A PPO run assembled on an `Accelerator`: policy and frozen reference from models/<policy>, value and reward
-models from models/reward, one optimizer and schedule. With a `ppo.peft` adapter, policy and value model each train
+models from models/reward, an optimizer and a schedule for each trained model, and the KL controller. With a `ppo.peft` adapter, policy and value model each train
 their own adapter (the value model's `score` head in full) and the reference is the policy with its adapter
 disabled: one copy of the policy's weights.
 
 The value model and the reward model are one-label `AutoModelForSequenceClassification` models from
 models/reward, whose backbone and `score` head run on every position (a value per token; the reward is the score
-of the last real token). One optimizer holds policy and value parameters, as in TRL's PPOTrainer: the models
-share no parameters, so the one loss ``pg + vf_coef * vf`` gives each its own gradient, and one optimizer means
-one state and one schedule to checkpoint; gradients are clipped per model, so a large value gradient never
-shrinks the policy's step.
+of the last real token). The models share no parameters, so the one loss ``pg + vf_coef * vf`` gives each its
+own gradient; each has its own optimizer and schedule (``ppo.value_lr``, ``value_warmup_steps``,
+``value_lr_scheduler_type``, each the policy's when null, as `llm_trainer`'s ``value_optim_config``), where TRL's
+PPOTrainer had one for both; gradients are clipped per model, so a large value gradient never shrinks the
+policy's step.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from llmpipe.distributed.launch import check_world
 from llmpipe.models import load_model, load_pretrained
 from llmpipe.models.folders import ADAPTER_CONFIG
 from llmpipe.models.tokenizer_identity import check_same_tokenizer
+from llmpipe.rl.ppo.kl_control import KLController
 from llmpipe.rl.ppo.loop import PPORun, prompts_per_step
 from llmpipe.rl.ppo.losses import RunningMeanStd
 from llmpipe.rl.prompts import IndexStream, Prompts
@@ -56,21 +58,50 @@ def load_value_model(path: Path, trust_remote_code: bool = False):
     return model
 
 
-def make_optimizer(params: Params, run_dir: Path, models: list) -> torch.optim.Optimizer:
-    """The `train.optim` optimizer over both models (HF Trainer's mapping of our params); weight decay on
-    matrices and embeddings only (parameters of 2+ dimensions), as in GPT-2/nanoGPT. ``muon``: Muon on both
-    models' hidden weight matrices, AdamW on the rest (`llmpipe.train.optimizers.muon_with_adamw`)."""
+def value_section(cfg: PPOParams) -> PPOParams:
+    """The ``ppo`` section as the value model's optimizer and schedule read it: ``value_lr``,
+    ``value_warmup_steps`` and ``value_lr_scheduler_type`` in place of ``lr``, ``warmup_steps`` and
+    ``lr_scheduler_type`` (each null: the policy's). ``min_lr`` and ``muon_lr`` scale with the rate, so the value
+    model keeps the policy's floor and Muon-to-AdamW ratios."""
+    lr = cfg.value_lr or cfg.lr
+    scale = lr / cfg.lr
+    warmup = cfg.warmup_steps if cfg.value_warmup_steps is None else cfg.value_warmup_steps
+    return cfg.model_copy(update={"lr": lr, "min_lr": cfg.min_lr * scale, "muon_lr": cfg.muon_lr * scale,
+                                  "warmup_steps": warmup,
+                                  "lr_scheduler_type": cfg.value_lr_scheduler_type or cfg.lr_scheduler_type})  # fmt: skip
+
+
+def make_optimizer(params: Params, run_dir: Path, model, cfg: PPOParams) -> torch.optim.Optimizer:
+    """The `train.optim` optimizer over `model`'s trainable parameters at peak rate ``cfg.lr`` (HF Trainer's
+    mapping of our params); weight decay on matrices and embeddings only (parameters of 2+ dimensions), as in
+    GPT-2/nanoGPT. ``muon``: Muon on the hidden weight matrices, AdamW on the rest
+    (`llmpipe.train.optimizers.muon_with_adamw`).
+
+    Args:
+        params: Validated params (the optimizer's name and its keys).
+        run_dir: The run's checkpoint folder (`TrainingArguments` wants one).
+        model: The policy or the value model.
+        cfg: ``params.ppo`` for the policy, :func:`value_section` of it for the value model.
+    """
     from transformers import Trainer, TrainingArguments
 
-    if params.ppo.optim == "muon":
-        return muon_with_adamw(params.ppo, models)
+    if cfg.optim == "muon":
+        return muon_with_adamw(cfg, [model])
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(TrainingArguments(**training_kwargs(params, "ppo", run_dir)))
-    weights = [p for m in models for p in m.parameters() if p.requires_grad]
+    weights = [p for p in model.parameters() if p.requires_grad]
     groups = [
-        {"params": [p for p in weights if p.ndim >= 2], "weight_decay": params.ppo.weight_decay},
+        {"params": [p for p in weights if p.ndim >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in weights if p.ndim < 2], "weight_decay": 0.0},
     ]
-    return cls(groups, **kwargs)
+    return cls(groups, **{**kwargs, "lr": cfg.lr})
+
+
+def make_scheduler(cfg: PPOParams, optimizer, num_steps: int):
+    """transformers' `get_scheduler` of ``cfg.lr_scheduler_type`` with ``cfg.warmup_steps`` over `num_steps`."""
+    from transformers import get_scheduler
+
+    return get_scheduler(cfg.lr_scheduler_type, optimizer, cfg.warmup_steps, num_steps,
+                         scheduler_specific_kwargs=schedule_kwargs(cfg, num_steps))  # fmt: skip
 
 
 def total_steps(cfg: PPOParams, num_prompts: int) -> int:
@@ -109,7 +140,6 @@ def build(
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from transformers import get_scheduler
 
     cfg, paths = params.ppo, params.paths
     set_seed(cfg.seed)
@@ -135,10 +165,11 @@ def build(
     if params.distributed.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         value_model.gradient_checkpointing_enable()
-    optimizer = make_optimizer(params, run_dir, [policy, value_model])  # before the Accelerator: it resets its state
     num_steps = total_steps(cfg, len(train.ids))
-    scheduler = get_scheduler(cfg.lr_scheduler_type, optimizer, cfg.warmup_steps, num_steps,
-                              scheduler_specific_kwargs=schedule_kwargs(cfg, num_steps))
+    optimizers, schedulers = [], []
+    for model, section in ((policy, cfg), (value_model, value_section(cfg))):
+        optimizers.append(make_optimizer(params, run_dir, model, section))  # before the Accelerator: it resets state
+        schedulers.append(make_scheduler(section, optimizers[-1], num_steps))
 
     bf16, fp16 = resolve_precision(cfg.precision, params.source_of("ppo", "precision"))
     mixed_precision = "bf16" if bf16 else "fp16" if fp16 else "no"
@@ -147,13 +178,16 @@ def build(
     for frozen in (ref_policy, reward_model):
         if frozen is not None:
             frozen.eval().requires_grad_(False).to(accelerator.device)
-    policy, value_model, optimizer, scheduler = accelerator.prepare(policy, value_model, optimizer, scheduler)
+    policy, value_model, *prepared = accelerator.prepare(policy, value_model, *optimizers, *schedulers)
+    optimizer, value_optimizer, scheduler, value_scheduler = prepared
     if adapter:
         ref_policy = adapters.DisabledAdapter(policy, accelerator)
     run = PPORun(
         cfg=cfg, accelerator=accelerator, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy,
         value_model=value_model, reward_model=reward_model, optimizer=optimizer, scheduler=scheduler,
-        train=train, valid=valid, stream=IndexStream(len(train.ids), cfg.seed), running=RunningMeanStd(),
+        value_optimizer=value_optimizer, value_scheduler=value_scheduler, train=train, valid=valid,
+        stream=IndexStream(len(train.ids), cfg.seed), running=RunningMeanStd(),
+        kl_ctrl=KLController(cfg.kl_ctrl, cfg.kl_coef, cfg.kl_target, cfg.kl_horizon),
     )  # fmt: skip
     if ptx is not None:
         run.ptx_blocks, run.ptx_stream = ptx, IndexStream(len(ptx), cfg.seed)

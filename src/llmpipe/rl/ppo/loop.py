@@ -7,9 +7,9 @@ Per PPO step (:meth:`PPORun.step`): take the next prompts of a seeded permutatio
 :func:`resume` restarts from a checkpoint, and :func:`summary` gives the run's metrics.
 
 Checkpoints (``checkpoints/ppo/<fingerprint>/checkpoint-<step>/``) hold what `Accelerator.save_state`
-saves (both models, optimizer, scheduler, RNG states) plus ``trainer_state.json``: the running reward
-statistics and the prompt (and ptx block) positions, the per-step history with each step's prompt indices, and
-the log records. Those small states are JSON rather than objects registered with Accelerate, which would
+saves (both models, their optimizers and schedules, RNG states) plus ``trainer_state.json``: the running reward
+statistics, the KL coefficient and the prompt (and ptx block) positions, the per-step history with each step's
+prompt indices, and the log records. Those small states are JSON rather than objects registered with Accelerate, which would
 unpickle them on load (`weights_only=False`). A restarted run resumes the newest and sees exactly the prompts
 an uninterrupted run would.
 """
@@ -51,35 +51,41 @@ def prompts_per_step(cfg: PPOParams) -> int:
 
 
 LOG_COLUMNS = (
-    "step", "epoch", "loss", "reward", "reward_std", "kl", "entropy", "policy_loss", "value_loss", "ptx_loss",
-    "clip_fraction", "value_clip_fraction", "approx_kl", "response_length", "eos_fraction", "tokens_per_s",
-    "learning_rate", "grad_norm",
+    "step", "epoch", "loss", "reward", "reward_std", "kl", "kl_coef", "entropy", "policy_loss", "value_loss",
+    "ptx_loss", "clip_fraction", "value_clip_fraction", "approx_kl", "response_length", "eos_fraction",
+    "tokens_per_s", "learning_rate", "value_learning_rate", "grad_norm",
 )  # fmt: skip
 """Columns of ``logs/ppo/train.csv`` (means over the `logging_steps` window); ``tokens_per_s`` is generated tokens
-per second of generation. Each log line also gets ``peak_memory_gb`` (`throughput.peak_memory_gb`, so far)."""
+per second of generation; ``kl_coef`` the KL coefficient the step's rewards used, which the step's ``kl`` then
+updated (`llmpipe.rl.ppo.kl_control`). Each log line also gets ``peak_memory_gb`` (`throughput.peak_memory_gb`,
+so far)."""
 
 
 @dataclass
 class PPORun(Rollout):
-    """Everything one PPO run holds: the rollout's models and prompts plus the optimizer, the schedule and the
-    prompt (and ptx block) streams; :meth:`step` is one PPO iteration."""
+    """Everything one PPO run holds: the rollout's models and prompts plus the optimizers and schedules (the
+    policy's, the value model's) and the prompt (and ptx block) streams; :meth:`step` is one PPO iteration."""
 
     optimizer: Any
     scheduler: Any
+    value_optimizer: Any
+    value_scheduler: Any
     stream: IndexStream
     ptx_blocks: PackedBlocks | None = None
     ptx_stream: IndexStream | None = None
 
     def positions(self) -> dict[str, Any]:
-        """The JSON-serialisable state a checkpoint needs besides Accelerate's: prompt and ptx positions and the
-        running reward statistics."""
-        out = {"stream": self.stream.state_dict(), "running": self.running.state_dict()}
+        """The JSON-serialisable state a checkpoint needs besides Accelerate's: prompt and ptx positions, the
+        running reward statistics and the KL coefficient."""
+        out = {"stream": self.stream.state_dict(), "running": self.running.state_dict(),
+               "kl_ctrl": self.kl_ctrl.state_dict()}  # fmt: skip
         return out | ({"ptx_stream": self.ptx_stream.state_dict()} if self.ptx_stream is not None else {})
 
     def load_positions(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`positions` returned."""
         self.stream.load_state_dict(state["stream"])
         self.running.load_state_dict(state["running"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         if self.ptx_stream is not None:
             self.ptx_stream.load_state_dict(state["ptx_stream"])
 
@@ -97,7 +103,7 @@ class PPORun(Rollout):
         cfg = self.cfg
         ids, am, mask = data["input_ids"][rows], data["attention_mask"][rows], data["mask"][rows]
         response_len = mask.shape[1]
-        logits = response_logits(self.policy, ids, am, response_len, cfg.generation.temperature)
+        logits = response_logits(self.policy, ids, am, response_len, cfg.generation)
         logp = logprobs_from_logits(logits, ids[:, -response_len:])
         hidden = hidden_states(self.value_model, ids, am)[:, -response_len - 1 : -1]
         values = self.value_model.score(hidden).squeeze(-1).float()
@@ -147,12 +153,15 @@ class PPORun(Rollout):
                 value_norm = torch.nn.utils.clip_grad_norm_(self.value_model.parameters(), max_norm).item()
                 _raise_if_not_finite({"policy gradient norm": policy_norm, "value gradient norm": value_norm})
                 norms.append(policy_norm)
-                self.optimizer.step()
-                self.optimizer.zero_grad()
+                for optimizer in (self.optimizer, self.value_optimizer):
+                    optimizer.step()
+                    optimizer.zero_grad()
         stats = {k: v / count for k, v in sums.items()}
         stats["grad_norm"] = sum(norms) / len(norms)
         stats["learning_rate"] = self.scheduler.get_last_lr()[0]
+        stats["value_learning_rate"] = self.value_scheduler.get_last_lr()[0]
         self.scheduler.step()
+        self.value_scheduler.step()
         return stats
 
     def step(self) -> dict[str, Any]:
@@ -160,6 +169,7 @@ class PPORun(Rollout):
         SHA-256 over the prompts' token ids: the batch ledger's row)."""
         indices = self.stream.take(self.rollout_batch_size)
         data, stats = self.rollout(indices)
+        self.kl_ctrl.update(stats["kl"], self.rollout_batch_size)  # for the next rollout (Ziegler et al. 2019)
         stats.update(self.update(data))
         stats["prompts"] = indices
         digest = hashlib.sha256()
@@ -273,7 +283,8 @@ def resume(run: PPORun, checkpoint: Path | None, run_dir: Path) -> dict[str, Any
         log.info("ppo: fresh run in %s", run_dir)
         return {"step": 0, "history": [], "log_history": []}
     run.accelerator.load_state(str(checkpoint))
-    reapply_schedule(run.scheduler)  # the stored rate is the old schedule's: see reapply_schedule
+    for scheduler in (run.scheduler, run.value_scheduler):
+        reapply_schedule(scheduler)  # the stored rate is the old schedule's: see reapply_schedule
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     run.load_positions(state.pop("positions"))
     log.info("ppo: resuming from %s (step %d)", checkpoint, state["step"])
@@ -291,7 +302,8 @@ def summary(run: PPORun, state: dict[str, Any], resumed_step: int) -> dict[str, 
     Returns:
         ``reward_first``/``reward_last`` (mean raw score over the first/last 10% of steps, pooled over every
         sequence of those steps: :func:`llmpipe.rl.progress.first_last_tenths`) with their standard errors
-        ``*_se``, ``kl_final`` (summed per-token KL to the reference, last step), ``response_length_first``
+        ``*_se``, ``kl_final`` (summed per-token KL to the reference, last step), ``kl_coef_final`` (the KL
+        coefficient after the last step's update: `ppo.kl_coef` when `kl_ctrl` is fixed), ``response_length_first``
         / ``_last`` (tokens), ``eval_reward`` (validation prompts, final policy), ``steps``, ``tokens_per_s``
         (generated tokens per second of generation, mean over logged windows), ``peak_memory_gb`` (this process,
         `throughput.peak_memory_gb`), ``resumed_from_step`` (0 for a fresh run), ``num_parameters`` (policy).
@@ -308,6 +320,7 @@ def summary(run: PPORun, state: dict[str, Any], resumed_step: int) -> dict[str, 
         "reward_last": round(rewards.last, 5),
         "reward_last_se": round(rewards.last_se, 5),
         "kl_final": round(history[-1]["kl"], 5),
+        "kl_coef_final": round(run.kl_ctrl.value, 6),
         "response_length_first": round(sum(r["response_length"] for r in history[:k]) / k, 3),
         "response_length_last": round(sum(r["response_length"] for r in history[-k:]) / k, 3),
         "eval_reward": round(evals[-1]["eval_reward"], 5),

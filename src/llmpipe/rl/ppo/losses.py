@@ -92,7 +92,7 @@ def logprobs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
     """Log-probability (nats) of each token under the logits that predict it.
 
     Args:
-        logits: ``(B, T, V)``, already divided by the sampling temperature.
+        logits: ``(B, T, V)`` of the sampling distribution (`llmpipe.rl.ppo.sampling.sampled_logits`).
         tokens: ``(B, T)`` token ids.
 
     Returns:
@@ -105,12 +105,13 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy (nats) of the categorical distribution at each position: ``logsumexp(z) - sum(softmax(z) * z)``.
 
     Args:
-        logits: ``(B, T, V)``.
+        logits: ``(B, T, V)``; -inf where a sampling filter dropped a token (it adds 0, not 0 × -inf).
 
     Returns:
         ``(B, T)``.
     """
-    return torch.logsumexp(logits, -1) - (logits.softmax(-1) * logits).sum(-1)
+    probs = logits.softmax(-1)
+    return torch.logsumexp(logits, -1) - (probs * logits.masked_fill(probs == 0, 0.0)).sum(-1)
 
 
 def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:

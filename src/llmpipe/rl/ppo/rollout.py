@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from llmpipe.config import PPOParams
+from llmpipe.config import GenerationParams, PPOParams
+from llmpipe.rl.ppo.kl_control import KLController
 from llmpipe.rl.ppo.losses import (
     KL_ESTIMATORS,
     RunningMeanStd,
@@ -29,6 +30,7 @@ from llmpipe.rl.ppo.losses import (
     token_rewards,
     whiten,
 )
+from llmpipe.rl.ppo.sampling import own_settings_only, sampled_logits
 from llmpipe.rl.prompts import Prompts
 from llmpipe.rl.rewards import compute_rewards
 
@@ -47,15 +49,16 @@ def hidden_states(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     return out.last_hidden_state
 
 
-def response_logits(policy, input_ids: Tensor, attention_mask: Tensor, response_len: int, temperature: float):
-    """Logits ``(B, R, V)`` that predicted each of the last `response_len` tokens, divided by `temperature`."""
+def response_logits(policy, input_ids: Tensor, attention_mask: Tensor, response_len: int, gen: GenerationParams):
+    """Logits ``(B, R, V)`` of the distribution each of the last `response_len` tokens was sampled from: the
+    model's, through the `generation` settings (`llmpipe.rl.ppo.sampling.sampled_logits`)."""
     out = policy(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids(attention_mask),
         logits_to_keep=response_len + 1,
     )
-    return out.logits[:, :-1].float() / temperature
+    return sampled_logits(out.logits[:, :-1].float(), input_ids, attention_mask, gen)
 
 
 @dataclass
@@ -96,6 +99,7 @@ class Rollout:
     train: Prompts
     valid: Prompts
     running: RunningMeanStd
+    kl_ctrl: KLController
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]]) -> Batch:
@@ -110,10 +114,11 @@ class Rollout:
         config = generation_config(tok, self.cfg.generation.max_new_tokens, self.cfg.generation)
         policy = self.accelerator.unwrap_model(self.policy)
         policy.eval()
-        out = policy.generate(input_ids=ids, attention_mask=prompt_mask, generation_config=config)
+        with own_settings_only(policy):
+            out = policy.generate(input_ids=ids, attention_mask=prompt_mask, generation_config=config)
         policy.train()
         responses = out[:, longest:]
-        is_eos = responses == tok.eos_token_id
+        is_eos = torch.isin(responses, torch.tensor(config.eos_token_id, device=device))  # eos or end of turn
         contains_eos = is_eos.any(1)
         steps = torch.arange(responses.shape[1], device=device)
         length = torch.where(contains_eos, is_eos.int().argmax(1) + 1, responses.shape[1])
@@ -151,17 +156,18 @@ class Rollout:
         """
         cfg, acc = self.cfg, self.accelerator
         start = time.perf_counter()
-        batch = self.generate([self.train.ids[i] for i in indices])
+        with acc.autocast():  # as the scoring below: the tokens are scored at the precision they were sampled at
+            batch = self.generate([self.train.ids[i] for i in indices])
         generation_s = time.perf_counter() - start
         with acc.autocast():
             raw = self.score(batch, [self.train.turns[i] for i in indices], [self.train.names[i] for i in indices])
             parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "entropy": [], "values": []}
             for s in chunks(len(indices), cfg.per_device_train_batch_size):
                 ids, am = batch.input_ids[s], batch.attention_mask[s]
-                logits = response_logits(self.policy, ids, am, batch.response_len, cfg.generation.temperature)
+                logits = response_logits(self.policy, ids, am, batch.response_len, cfg.generation)
                 parts["logprobs"].append(logprobs_from_logits(logits, batch.responses[s]))
                 parts["entropy"].append(entropy_from_logits(logits))
-                ref_logits = response_logits(self.ref_policy, ids, am, batch.response_len, cfg.generation.temperature)
+                ref_logits = response_logits(self.ref_policy, ids, am, batch.response_len, cfg.generation)
                 parts["ref_logprobs"].append(logprobs_from_logits(ref_logits, batch.responses[s]))
                 hidden = hidden_states(self.value_model, ids, am)[:, -batch.response_len - 1 : -1]
                 parts["values"].append(self.value_model.score(hidden).squeeze(-1).float())
@@ -172,7 +178,7 @@ class Rollout:
         kl = KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp) * mask
         method = cfg.normalize_method if cfg.normalize_rewards else "none"
         scores = shape_scores(raw, batch.contains_eos, method, self.running, cfg.reward_clip, cfg.missing_eos_penalty)
-        rewards = token_rewards(scores, kl, mask, cfg.kl_coef)
+        rewards = token_rewards(scores, kl, mask, self.kl_ctrl.value)
         if cfg.whiten_rewards:
             rewards = whiten(rewards, mask, shift_mean=False)
         advantages, returns = gae(rewards, values * mask, mask, cfg.gamma, cfg.lam)
@@ -183,6 +189,7 @@ class Rollout:
             "reward": raw.mean().item(),
             "reward_std": raw.std(unbiased=False).item(),
             "kl": kl.sum(1).mean().item(),
+            "kl_coef": self.kl_ctrl.value,
             "entropy": masked_mean(entropy, mask).item(),
             "response_length": lengths.mean().item(),
             "eos_fraction": batch.contains_eos.float().mean().item(),
