@@ -27,6 +27,7 @@ CELLS = {
     "ppo": ("ppo", {}),
     "grpo": ("grpo", {"beta": 0.04}),
     "grpo_no_kl": ("grpo", {"beta": 0.0}),
+    "rloo": ("rloo", {}),
 }
 """Per column: the params section and what it sets to be that column."""
 

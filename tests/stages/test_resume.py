@@ -37,6 +37,7 @@ RESUME = {
     # RL stages: a step is a generation round (GRPO) or a rollout plus its PPO epochs, so fewer of them.
     "grpo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1, "sync_ref_model": True,
              "ref_model_sync_steps": 2, "ref_model_mixup_alpha": 0.5},
+    "rloo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1},
     "ppo": {"max_steps": 5, "save_steps": 2, "eval_steps": 5, "logging_steps": 1, "kl_ctrl": "adaptive",
             "kl_target": 0.5, "kl_horizon": 20.0, "value_lr": 3e-4, "value_warmup_steps": 3,
             "value_lr_scheduler_type": "linear"},
@@ -132,7 +133,7 @@ def test_a_killed_stage_resumes_exactly(stagedir, case, tmp_path, monkeypatch):
     assert [r["step"] for r in got] == [r["step"] for r in want], "the log keeps the steps before the kill"
     for a, b in zip(got, want, strict=True):
         assert float(a["loss"]) == pytest.approx(float(b["loss"]), abs=1e-4), f"step {a['step']}"
-    final = "eval_reward" if stage in ("ppo", "grpo") else "eval_loss"
+    final = registry.REGISTRY[stage].best_metric[0]  # eval_reward for the RL stages
     assert resumed[final] == pytest.approx(reference[final], abs=1e-4)
     if stage == "ppo":  # the KL coefficient and the value model's rate continue from the checkpoint
         for column in ("kl_coef", "value_learning_rate"):

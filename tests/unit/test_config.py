@@ -43,7 +43,8 @@ def test_every_params_key_named_in_dvc_yaml_exists():
         for key in stage.get("params", []):
             node = raw
             for part in key.split("."):
-                assert isinstance(node, dict) and part in node, f"dvc.yaml stage {name}: params key {key} missing"
+                assert isinstance(node, dict) and part in node, (
+                    f"dvc.yaml stage {name} reads params key {key}, which params.yaml does not write: add it there")
                 node = node[part]
 
 

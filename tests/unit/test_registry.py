@@ -11,19 +11,17 @@ from llmpipe.config import EvalParams, Params, ParamsError, TrainParams, parse_p
 from llmpipe.config import stages as registry
 
 
-def test_every_training_stage_has_its_section_in_params():
-    for name in registry.TRAINING_TASKS:
-        field = Params.model_fields.get(name)
-        section = registry.REGISTRY[name].section.__name__
-        assert field is not None, f"add `{name}: {section}` to Params (config/params.py)"
-        assert field.annotation is registry.REGISTRY[name].section, f"Params.{name} is not the registry's section class"
+def test_params_has_every_training_stages_section_in_pipeline_order():
+    sections = [n for n, f in Params.model_fields.items() if issubclass(f.annotation, TrainParams) and n != "train"]
+    assert sections == list(registry.TRAINING_TASKS)
+    assert all(Params.model_fields[n].annotation is registry.REGISTRY[n].section for n in sections)
 
 
-def test_every_section_that_inherits_train_is_a_registered_training_stage():
-    inheriting = {n for n, f in Params.model_fields.items() if n != "train" and issubclass(f.annotation, TrainParams)}
-    assert inheriting == set(registry.TRAINING_TASKS), (
-        f"register {sorted(inheriting - set(registry.TRAINING_TASKS))} as training stages in llmpipe/config/stages.py"
-    )
+def test_every_stage_module_is_registered():
+    modules = {f.stem for f in (ROOT / "src" / "llmpipe" / "stages").glob("*.py")} - {"__init__", "base"}
+    unregistered = sorted(modules - set(registry.REGISTRY))
+    assert not unregistered, (f"register {unregistered} in REGISTRY (src/llmpipe/config/stages.py: _training(...) or "
+                              "_rl(...), docs/ARCHITECTURE.md)")
 
 
 @pytest.mark.parametrize("name", registry.TRAINING_TASKS)
@@ -66,10 +64,21 @@ def test_a_verifiable_rl_stage_gets_the_generation_check_and_headline():
         assert {f"{name}_gen_score", f"{name}_distinct"} <= {key for key, *_ in registry.HEADLINE}
 
 
+def test_a_section_with_rewards_is_an_rl_stage_and_a_group_section_is_grouped():
+    from llmpipe.config.rl import GroupParams
+
+    for name in registry.TRAINING_TASKS:
+        stage = registry.REGISTRY[name]
+        rewarded = "rewards" in stage.section.model_fields
+        assert stage.rl == rewarded, (f"{name}: its section {'has' if rewarded else 'has no'} rewards; register it "
+                                      f"with {'_rl(..., kl_unit=...)' if rewarded else '_training'} in config/stages.py")
+        assert stage.grouped == issubclass(stage.section, GroupParams), f"{name}: grouped is for GroupParams sections"
+
+
 def test_group_rules_name_each_grouped_section():
     for name in registry.GROUPED_TASKS:
-        with pytest.raises(ParamsError, match=rf"{name}\.loss_type luspo .*{name}\.importance_sampling_level"):
-            parse_params({name: {"loss_type": "luspo"}})
+        with pytest.raises(ParamsError, match=rf"{name}\.save_steps \(3\) × {name}\.gradient_accumulation_steps"):
+            parse_params({name: {"save_steps": 3, "steps_per_generation": 2}})
 
 
 @pytest.mark.parametrize("name", registry.REGISTRY)

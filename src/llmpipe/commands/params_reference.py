@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from llmpipe.config.params import Params
+from llmpipe.config.stages import REGISTRY
 from llmpipe.config.training import TrainParams
 from llmpipe.core.io import atomic_file
 
@@ -185,6 +186,9 @@ def render() -> str:
         if block.inherits:
             lines += [f"Every key of [{block.inherits}](#{_anchor(block.inherits)}) too; below, the keys of its own and "
                       "the defaults it changes.", ""]
+        if parent := getattr(REGISTRY.get(block.path), "inherits", None):
+            lines += [f"A key it shares with [{parent}](#{_anchor(parent)}) and leaves unset takes the value under "
+                      f"`{parent}` (params.yaml's, or an override's) before `train`'s.", ""]
         lines += ["| key | type | default | description |", "|---|---|---|---|"]
         lines += [f"| `{r.key}` | {r.type} | {r.default} | {r.description} |" for r in block.rows]
     return "\n".join(lines) + "\n"

@@ -2,19 +2,21 @@
 
 Every section is a pydantic v2 model with ``extra="forbid"``, so a mistyped key is an error that
 names the key path and, where one is close, the key that was meant. The ``train`` section holds
-training defaults; each training stage section (``pretrain``, ``sft``, ``dpo``, ``reward``, ``ppo``,
-``grpo``) may override any of them and adds its own keys. :func:`load_params` merges ``train`` under each
-stage section before validation, so ``params.sft.lr`` is the value SFT really uses.
+training defaults; each training stage's section (one per training stage of the registry,
+:mod:`~llmpipe.config.stages`) may override any of them and adds its own keys. :func:`load_params` merges ``train``
+under each stage section before validation, so ``params.sft.lr`` is the value SFT really uses.
 
-One module per family of sections, and every name is re-exported here (import from ``llmpipe.config``):
+One module per family of sections; the names other packages use are re-exported here (import from
+``llmpipe.config``):
 
 - :mod:`~llmpipe.config.paths`: ``paths``.
 - :mod:`~llmpipe.config.data`: ``data`` (sources, stream, dedup) and ``tokenizer``.
 - :mod:`~llmpipe.config.training`: ``model``, ``train``, ``pretrain``, ``sft``, ``reward``, ``dpo``.
 - :mod:`~llmpipe.config.peft`: ``peft`` (in ``train`` and each adapter stage's section).
-- :mod:`~llmpipe.config.rl`: ``ppo``, ``grpo`` and their generation and reward specs.
+- :mod:`~llmpipe.config.rl`: the RL stages' sections and their generation and reward specs.
 - :mod:`~llmpipe.config.runtime`: ``profile``, ``regression``, ``eval``, ``orchestration``.
 - :mod:`~llmpipe.config.params`: :class:`Params`, the root, with the rules that cross sections.
+- :mod:`~llmpipe.config.stages`: the registry of stages.
 - :mod:`~llmpipe.config.loading`: :func:`load_params`, :func:`parse_params`, :class:`ParamsError`.
 """
 

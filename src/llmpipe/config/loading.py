@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from llmpipe.config.adapter_rules import stage_refusal
 from llmpipe.config.params import Params
-from llmpipe.config.stages import ADAPTER_TASKS, TRAINING_TASKS
+from llmpipe.config.stages import ADAPTER_TASKS, REGISTRY, TRAINING_TASKS
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import decode_line
 
@@ -61,7 +61,8 @@ def _format_errors(err: ValidationError, source: str, origin: dict[str, str]) ->
 
 
 def parse_params(raw: Any, source: str = "params.yaml") -> Params:
-    """Validate a raw params mapping, merging `train` defaults under each training stage.
+    """Validate a raw params mapping, merging `train` defaults under each training stage (and, for a stage that
+    inherits another's section, that section's keys its own class has, between the two).
 
     Args:
         raw: The mapping read from params.yaml.
@@ -83,11 +84,18 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
     origin: dict[str, dict[str, str]] = {}
     if isinstance(train, dict):
         for name in TRAINING_TASKS:
-            own = raw.get(name) or {}
-            if not isinstance(own, dict):
+            layers = {"train": {k: v for k, v in train.items() if k != "peft" or name in ADAPTER_TASKS}}
+            if parent := REGISTRY[name].inherits:
+                keys = REGISTRY[name].section.model_fields
+                values = raw.get(parent) or {}
+                layers[parent] = {k: v for k, v in values.items() if k in keys} if isinstance(values, dict) else {}
+            layers[name] = raw.get(name) or {}
+            if not isinstance(layers[name], dict):
                 continue
-            merged[name] = inherit({k: v for k, v in train.items() if k != "peft" or name in ADAPTER_TASKS}, own)
-            origin[name] = {k: ("train" if k not in own else name) for k in merged[name]}
+            merged[name], origin[name] = {}, {}
+            for section, values in layers.items():
+                merged[name] = inherit(merged[name], values)
+                origin[name] |= dict.fromkeys(values, section)
     try:
         params = Params.model_validate(merged)
     except ValidationError as err:
@@ -117,10 +125,18 @@ def shadowed_train_keys(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
         field = TrainParams.model_fields.get(key)
         if isinstance(value, dict) or field is None or value == field.default:
             continue
-        sections = {n: raw.get(n) for n in TRAINING_TASKS if key != "peft" or n in ADAPTER_TASKS}
-        if all(isinstance(own, dict) and key in own for own in sections.values()):
+        sections = {n: _own_or_inherited(raw, n) for n in TRAINING_TASKS if key != "peft" or n in ADAPTER_TASKS}
+        if all(key in own for own in sections.values()):
             out[key] = {name: own[key] for name, own in sections.items()}
     return out
+
+
+def _own_or_inherited(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """Stage `name`'s raw section over the section it inherits (the registry's ``inherits``): what it sets without
+    ``train:``."""
+    own = raw.get(name) if isinstance(raw.get(name), dict) else {}
+    parent = REGISTRY[name].inherits
+    return {**_own_or_inherited(raw, parent), **own} if parent else own
 
 
 def inherit(train: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:

@@ -1,55 +1,34 @@
-"""`Params`, the root model: every section of params.yaml, and the rules that cross sections."""
+"""`Params`, the root model: every section of params.yaml, and the rules that cross sections.
+
+The training stages' sections are not listed by hand: each is its registry entry's (`llmpipe.config.stages`), a field
+named as the stage, in pipeline order between ``train`` and ``distributed``.
+"""
 
 from __future__ import annotations
 
-from pydantic import PrivateAttr, model_validator
+from pydantic import PrivateAttr, create_model, model_validator
 
 from llmpipe.config.data import DataParams, TokenizerParams
 from llmpipe.config.distributed import DistributedParams
 from llmpipe.config.optim import check_optim_keys
 from llmpipe.config.paths import PathsParams
-from llmpipe.config.rl import GRPOParams, PPOParams, check_groups_fit, check_reference_sync, check_rounds
+from llmpipe.config.rl import check_groups_fit, check_reference_sync, check_rounds
 from llmpipe.config.runtime import EvalParams, OrchestrationParams, ProfileParams, RegressionParams, ReportParams
 from llmpipe.config.section import Section
-from llmpipe.config.stages import GROUPED_TASKS, TRAINING_TASKS
-from llmpipe.config.training import (
-    DPOParams,
-    ModelParams,
-    PretrainParams,
-    RewardParams,
-    SFTParams,
-    TrainParams,
-)
-from llmpipe.config.vlm import VLMParams
+from llmpipe.config.stages import GROUPED_TASKS, REGISTRY, TRAINING_TASKS
+from llmpipe.config.training import ModelParams, TrainParams
 
 
-class Params(Section):
-    """The whole of params.yaml."""
+class CrossSectionRules(Section):
+    """The rules that cross sections of params.yaml, and the stage lookups; :data:`Params` adds the sections."""
 
-    paths: PathsParams = PathsParams()
-    data: DataParams = DataParams()
-    tokenizer: TokenizerParams = TokenizerParams()
-    model: ModelParams = ModelParams()
-    train: TrainParams = TrainParams()
-    pretrain: PretrainParams = PretrainParams()
-    sft: SFTParams = SFTParams()
-    reward: RewardParams = RewardParams()
-    dpo: DPOParams = DPOParams()
-    ppo: PPOParams = PPOParams()
-    grpo: GRPOParams = GRPOParams()
-    vlm: VLMParams = VLMParams()
-    distributed: DistributedParams = DistributedParams()
-    profile: ProfileParams = ProfileParams()
-    regression: RegressionParams = RegressionParams()
-    eval: EvalParams = EvalParams()
-    report: ReportParams = ReportParams()
-    orchestration: OrchestrationParams = OrchestrationParams()
     _origin: dict[str, dict[str, str]] = PrivateAttr(default_factory=dict)
-    """Per training stage, the section each merged key was written in (``train`` or the stage's own), set by
-    `llmpipe.config.loading.parse_params`; private, so the schema and `model_dump` stay as users write them."""
+    """Per training stage, the section each merged key was written in (``train``, the section it inherits or its
+    own), set by `llmpipe.config.loading.parse_params`; private, so the schema and `model_dump` stay as users write
+    them."""
 
     @model_validator(mode="after")
-    def _generation_rounds(self) -> Params:
+    def _generation_rounds(self) -> CrossSectionRules:
         # First, as when the rules were the section's own; here so that each grouped section is named as itself.
         for name in GROUPED_TASKS:
             check_rounds(name, self.stage(name))
@@ -57,7 +36,7 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
-    def _warmup_within_max_steps(self) -> Params:
+    def _warmup_within_max_steps(self) -> CrossSectionRules:
         # Here rather than in TrainParams: a section does not know its own name, and the message must say which.
         for name in ("train", *TRAINING_TASKS):
             t = self.stage(name)
@@ -69,7 +48,7 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
-    def _optim_and_schedule_keys(self) -> Params:
+    def _optim_and_schedule_keys(self) -> CrossSectionRules:
         defaults = {k: f.default for k, f in TrainParams.model_fields.items()}
         for name in ("train", *TRAINING_TASKS):
             check_optim_keys(name, self.stage(name), defaults)
@@ -83,7 +62,7 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
-    def _start_is_given(self) -> Params:
+    def _start_is_given(self) -> CrossSectionRules:
         m = self.model
         if not self.pretrain.enabled and m.scratch:
             raise ValueError("pretrain.enabled is false but model.init_from is scratch: there is no model to start "
@@ -100,7 +79,7 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
-    def _stream_has_budget(self) -> Params:
+    def _stream_has_budget(self) -> CrossSectionRules:
         if self.data.streaming and self.pretrain.resolved_max_steps <= 0:
             raise ValueError(
                 "data.streaming is true, and a stream has no length: set pretrain.max_steps, or "
@@ -109,7 +88,7 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
-    def _synced_reference_is_checkpointed(self) -> Params:
+    def _synced_reference_is_checkpointed(self) -> CrossSectionRules:
         strategy = self.distributed.strategy
         for name in GROUPED_TASKS:
             if self.stage(name).sync_ref_model and strategy in ("fsdp", "deepspeed"):
@@ -121,7 +100,7 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
-    def _groups_fit(self) -> Params:
+    def _groups_fit(self) -> CrossSectionRules:
         processes = self.distributed.world_size
         if processes is None:  # num_processes: auto; the launcher knows the world size, GRPOConfig checks it then
             return self
@@ -150,3 +129,27 @@ class Params(Section):
         """The merged training params of stage `name` (one of `llmpipe.config.stages.TRAINING_TASKS`, or ``train``
         itself)."""
         return getattr(self, name)
+
+
+def _default(section: type[Section]) -> tuple[type[Section], Section]:
+    return section, section()
+
+
+Params = create_model(
+    "Params",
+    __base__=CrossSectionRules,
+    __module__=__name__,
+    __doc__="The whole of params.yaml.",
+    paths=_default(PathsParams),
+    data=_default(DataParams),
+    tokenizer=_default(TokenizerParams),
+    model=_default(ModelParams),
+    train=_default(TrainParams),
+    **{name: _default(REGISTRY[name].section) for name in TRAINING_TASKS},
+    distributed=_default(DistributedParams),
+    profile=_default(ProfileParams),
+    regression=_default(RegressionParams),
+    eval=_default(EvalParams),
+    report=_default(ReportParams),
+    orchestration=_default(OrchestrationParams),
+)

@@ -1,4 +1,4 @@
-"""Sections of the reinforcement-learning stages `ppo` and `grpo`: their `TrainParams` plus sampling
+"""Sections of the reinforcement-learning stages `ppo`, `grpo` and `rloo`: their `TrainParams` plus sampling
 (`GenerationParams`) and the reward functions they are scored with (`RewardSpec`: built-in by name, or a user's
 by import path)."""
 
@@ -28,7 +28,7 @@ Temperature = Annotated[float, Field(gt=0, description="Softmax temperature of s
 
 
 class GenerationParams(Section):
-    """Sampling of completions by the RL stages (ppo, grpo): `transformers.GenerationConfig` names."""
+    """Sampling of completions by the RL stages (ppo, grpo, rloo): `transformers.GenerationConfig` names."""
 
     max_new_tokens: int = Field(64, gt=0, description="Tokens generated per completion at most.")
     temperature: Temperature = 1.0
@@ -196,7 +196,7 @@ class PPOParams(TrainParams):
 
 
 class GRPOGenerationParams(GenerationParams):
-    """GRPO's sampling: cooler than PPO's, so that its groups collapse less onto one body (see docs/LOG.md)."""
+    """The group stages' sampling (grpo, rloo): cooler than PPO's, so that its groups collapse less onto one body (see docs/LOG.md)."""
 
     temperature: Temperature = 0.7
 
@@ -205,32 +205,12 @@ GRPOLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "lusp
 """The `GRPOConfig.loss_type` values TRL 1.16 accepts (a test builds a GRPOConfig with each)."""
 
 
-class GRPOParams(TrainParams):
-    """`grpo`: TRL GRPOTrainer from models/sft (or models/dpo) against the verifiable rewards of `llmpipe.rl.rewards`.
-
-    Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath): `num_generations` completions per
-    prompt, each one's advantage its reward minus the group mean (divided by a std, see `scale_rewards`), a
-    clipped PPO-style ratio objective, and a `beta`-weighted KL to the frozen starting policy. The loss
-    types differ in how token terms are weighted and normalised:
-
-    - ``grpo``: per-sequence mean, then batch mean (Shao et al. 2024); biased towards short right answers.
-    - ``dr_grpo``: sum over tokens / a constant (max completion length) — "Understanding R1-Zero-Like
-      Training: A Critical Perspective" (Liu et al. 2025).
-    - ``dapo``: sum over tokens / active tokens of the accumulated batch — "DAPO: An Open-Source LLM
-      Reinforcement Learning System at Scale" (Yu et al. 2025); TRL's default.
-    - ``bnpo``: as dapo over the local batch only — "BNPO: Beta Normalization Policy Optimization" (2025).
-    - ``cispo``: clips the importance weight itself (upper bound `epsilon_high`) and keeps every token's
-      gradient — MiniMax-M1 (MiniMax 2025).
-    - ``sapo``: a smooth sigmoid gate instead of hard clipping, temperatures `sapo_temperature_pos/neg` —
-      "Soft Adaptive Policy Optimization" (arXiv 2511.20347).
-    - ``luspo``: sequence-level loss scaled by each sequence's length; needs
-      ``importance_sampling_level: sequence`` — "Length-Unbiased Sequence Policy Optimization" (arXiv 2602.05261).
-    - ``vespo``: a Gamma-shaped weight of the sequence importance ratio (`vespo_k_*`, `vespo_lambda_*`) —
-      "VESPO: Variational Sequence-Level Soft Policy Optimization" (arXiv 2602.10693).
-
-    Sequence-level importance sampling is GSPO ("Group Sequence Policy Optimization", Zheng et al. 2025).
-    Prompts longer than `max_length` tokens (chat-rendered) are left out.
-    """
+class GroupParams(TrainParams):
+    """What TRL's group-sampling trainers share, under the names `GRPOConfig` and `RLOOConfig` both give it:
+    `num_generations` completions per prompt from models/<policy>, scored by the weighted reward functions, each
+    one's advantage its reward against its group's, a clipped importance ratio over `num_iterations` passes, and a
+    `beta`-weighted KL to the frozen starting policy. Each method's section subclasses it (`GRPOParams`,
+    `RLOOParams`). Prompts longer than `max_length` tokens (chat-rendered) are left out."""
 
     lr: LearningRate = 1e-4
     max_steps: MaxSteps = 100
@@ -242,23 +222,9 @@ class GRPOParams(TrainParams):
     max_eval_samples: MaxEvalSamples = 16
     policy: Literal["sft", "dpo"] = Field("sft", description="Starting (and reference) policy: models/<policy>.")
     num_generations: int = Field(8, ge=2, description="Completions sampled per prompt (the group size G).")
-    loss_type: GRPOLossType = Field("dapo", description="How token losses are weighted and normalised (see above).")
-    importance_sampling_level: Literal["token", "sequence"] = Field(
-        "token", description="Importance ratio per token, or one per sequence (GSPO)."
-    )
-    beta: float = Field(0.2, ge=0, description="Weight of the KL to the reference policy; 0 loads no reference.")
     epsilon: float = Field(0.2, gt=0, description="Lower clipping range of the importance ratio (1 - epsilon).")
     epsilon_high: float | None = Field(
-        None, gt=0, description="Upper clipping range (1 + epsilon_high; cispo: the weight cap); null = epsilon."
-    )
-    sapo_temperature_pos: float = Field(1.0, gt=0, description="sapo: gate temperature for positive advantages.")
-    sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo: gate temperature for non-positive advantages.")
-    vespo_k_pos: float = Field(2.0, gt=0, description="vespo: power exponent for positive advantages.")
-    vespo_lambda_pos: float = Field(3.0, gt=0, description="vespo: decay factor for positive advantages.")
-    vespo_k_neg: float = Field(3.0, gt=0, description="vespo: power exponent for negative advantages.")
-    vespo_lambda_neg: float = Field(2.0, gt=0, description="vespo: decay factor for negative advantages.")
-    scale_rewards: Literal["group", "batch", "none"] = Field(
-        "group", description="Divide advantages by the group's reward std, the batch's, or not at all (Dr. GRPO)."
+        None, gt=0, description="Upper clipping range (1 + epsilon_high; grpo's cispo: the weight cap); null = epsilon."
     )
     num_iterations: int = Field(1, ge=1, description="Optimisation passes over each generated batch (mu).")
     steps_per_generation: int | None = Field(
@@ -291,9 +257,68 @@ class GRPOParams(TrainParams):
         return self.steps_per_generation or self.gradient_accumulation_steps
 
 
+class GRPOParams(GroupParams):
+    """`grpo`: TRL GRPOTrainer from models/sft (or models/dpo) against the verifiable rewards of `llmpipe.rl.rewards`.
+
+    Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath): `num_generations` completions per
+    prompt, each one's advantage its reward minus the group mean (divided by a std, see `scale_rewards`), a
+    clipped PPO-style ratio objective, and a `beta`-weighted KL to the frozen starting policy. The loss
+    types differ in how token terms are weighted and normalised:
+
+    - ``grpo``: per-sequence mean, then batch mean (Shao et al. 2024); biased towards short right answers.
+    - ``dr_grpo``: sum over tokens / a constant (max completion length) — "Understanding R1-Zero-Like
+      Training: A Critical Perspective" (Liu et al. 2025).
+    - ``dapo``: sum over tokens / active tokens of the accumulated batch — "DAPO: An Open-Source LLM
+      Reinforcement Learning System at Scale" (Yu et al. 2025); TRL's default.
+    - ``bnpo``: as dapo over the local batch only — "BNPO: Beta Normalization Policy Optimization" (2025).
+    - ``cispo``: clips the importance weight itself (upper bound `epsilon_high`) and keeps every token's
+      gradient — MiniMax-M1 (MiniMax 2025).
+    - ``sapo``: a smooth sigmoid gate instead of hard clipping, temperatures `sapo_temperature_pos/neg` —
+      "Soft Adaptive Policy Optimization" (arXiv 2511.20347).
+    - ``luspo``: sequence-level loss scaled by each sequence's length; needs
+      ``importance_sampling_level: sequence`` — "Length-Unbiased Sequence Policy Optimization" (arXiv 2602.05261).
+    - ``vespo``: a Gamma-shaped weight of the sequence importance ratio (`vespo_k_*`, `vespo_lambda_*`) —
+      "VESPO: Variational Sequence-Level Soft Policy Optimization" (arXiv 2602.10693).
+
+    Sequence-level importance sampling is GSPO ("Group Sequence Policy Optimization", Zheng et al. 2025).
+    """
+
+    loss_type: GRPOLossType = Field("dapo", description="How token losses are weighted and normalised (see above).")
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token", description="Importance ratio per token, or one per sequence (GSPO)."
+    )
+    beta: float = Field(0.2, ge=0, description="Weight of the KL to the reference policy; 0 loads no reference.")
+    sapo_temperature_pos: float = Field(1.0, gt=0, description="sapo: gate temperature for positive advantages.")
+    sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo: gate temperature for non-positive advantages.")
+    vespo_k_pos: float = Field(2.0, gt=0, description="vespo: power exponent for positive advantages.")
+    vespo_lambda_pos: float = Field(3.0, gt=0, description="vespo: decay factor for positive advantages.")
+    vespo_k_neg: float = Field(3.0, gt=0, description="vespo: power exponent for negative advantages.")
+    vespo_lambda_neg: float = Field(2.0, gt=0, description="vespo: decay factor for negative advantages.")
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="Divide advantages by the group's reward std, the batch's, or not at all (Dr. GRPO)."
+    )
+
+
+class RLOOParams(GroupParams):
+    """`rloo`: TRL RLOOTrainer from models/sft (or models/dpo) on grpo's prompts and verifiable rewards.
+
+    REINFORCE Leave-One-Out (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
+    Optimization for Learning from Human Feedback in LLMs"): each completion's advantage is its reward minus the
+    mean reward of the other `num_generations` - 1 completions of its prompt, and the KL to the reference is a
+    `beta`-weighted penalty in the reward (per-token log ratios summed over the completion), not a loss term.
+    """
+
+    beta: float = Field(0.05, ge=0, description="Weight of the KL penalty subtracted from each completion's reward "
+                        "(log ratios summed over its tokens); 0 loads no reference.")  # fmt: skip
+    normalize_advantages: bool = Field(False, description="Standardise advantages over each generation batch.")
+    reward_clip_range: tuple[float, float] | None = Field(
+        None, description="Clip the summed reward to [min, max] before the baseline; null = off."
+    )
+
+
 # The rules of a grouped section take its name (`Params` calls them per registry stage with ``grouped``), so a
-# stage whose section subclasses GRPOParams is named in its own messages.
-def check_rounds(name: str, g: GRPOParams) -> None:
+# stage whose section subclasses GroupParams is named in its own messages.
+def check_rounds(name: str, g: GroupParams) -> None:
     """Refuse a checkpoint inside a generation round, and a sequence-level loss on token-level ratios.
 
     Raises:
@@ -310,13 +335,13 @@ def check_rounds(name: str, g: GRPOParams) -> None:
             "does not checkpoint its buffer of generated completions, so a checkpoint must fall between "
             f"generation rounds; change {name}.save_steps"
         )
-    if g.loss_type == "luspo" and g.importance_sampling_level != "sequence":
+    if isinstance(g, GRPOParams) and g.loss_type == "luspo" and g.importance_sampling_level != "sequence":
         raise ValueError(
             f"{name}.loss_type luspo is a sequence-level loss: set {name}.importance_sampling_level to sequence"
         )
 
 
-def check_groups_fit(name: str, g: GRPOParams, processes: int) -> None:
+def check_groups_fit(name: str, g: GroupParams, processes: int) -> None:
     """Refuse batches a group of ``num_generations`` completions does not fit, over `processes` ranks.
 
     Raises:

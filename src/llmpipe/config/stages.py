@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmpipe.config.curves import BARE, PPO, TRAINER, TRL_RL, Curves
-from llmpipe.config.rl import GRPOParams, PPOParams
+from llmpipe.config.rl import GroupParams, GRPOParams, PPOParams, RLOOParams
 from llmpipe.config.section import Section
 from llmpipe.config.training import DPOParams, PretrainParams, RewardParams, SFTParams
 from llmpipe.config.vlm import VLMParams
@@ -70,8 +70,9 @@ class Stage:
             `TrainingArguments` switch acts (``use_liger_kernel``); False for a loop of its own (ppo).
         evaluated: Whether its model is in ``eval.models`` by default (lm-eval runs on it, the report compares it).
         causal_lm: Whether its model is a causal LM (the reward model is a sequence classifier: no alignment tax).
-        grouped: Whether it samples a group of ``num_generations`` completions per prompt (GRPO's family): a group
-            must fit one generation round and one evaluation batch, and a checkpoint fall between rounds.
+        grouped: Whether it samples a group of ``num_generations`` completions per prompt (GRPO's family; an RL
+            stage whose section is a `GroupParams` is): a group must fit one generation round and one evaluation
+            batch, and a checkpoint fall between rounds.
         verifiable: Whether an RL stage trains on verifiable rewards: its generation score must beat sft's (a
             check) and the headline adds it with its share of distinct bodies.
         headline: Its numbers in ``metrics/headline.json`` (an RL stage's come from :func:`_rl`).
@@ -80,6 +81,9 @@ class Stage:
         outs: What it writes, as dvc.yaml lists its ``outs`` (a training stage: besides its model and logs).
         samples: Whether a training stage writes ``logs/<stage>/samples.jsonl`` (its ``samples`` hook answers).
         curves: What a training stage logs per step and how dvc.yaml plots it (`llmpipe.config.curves`).
+        inherits: The training stage whose section's values this one's takes before its own, for the keys its
+            class has (`llmpipe.config.loading.parse_params`): rloo runs on grpo's prompts, rewards, sampling and
+            budget unless its own section says otherwise. Its :attr:`params` then list that section too.
     """
 
     name: str
@@ -103,6 +107,7 @@ class Stage:
     samples: bool = True
     curves: Curves | None = None
     hf_trainer: bool = True
+    inherits: str | None = None
 
     @property
     def rl(self) -> bool:
@@ -110,25 +115,27 @@ class Stage:
         return self.kl_unit is not None
 
 
-def training_params(name: str) -> tuple[str, ...]:
-    """What a training stage reads by default: paths, the attention choice, ``train``, its section, and the
-    launch and profiler sections (a profiled run logs the profiler's overhead in its tokens/s)."""
-    return ("paths", "model.attn_implementation", "train", name, "distributed", "profile")
+def training_params(name: str, inherits: str | None = None) -> tuple[str, ...]:
+    """What a training stage reads by default: paths, the attention choice, ``train``, the section it inherits (if
+    any) and its own, and the launch and profiler sections (a profiled run logs the profiler's overhead in its
+    tokens/s)."""
+    return ("paths", "model.attn_implementation", "train", *filter(None, (inherits, name)), "distributed", "profile")
 
 
 def _training(name: str, section: type[Section], description: str, *inputs: str, **traits: Any) -> Stage:
     traits.setdefault("adapters", True)
     traits.setdefault("evaluated", True)
-    traits.setdefault("params", training_params(name))
+    traits.setdefault("params", training_params(name, traits.get("inherits")))
     traits.setdefault("curves", TRAINER)
     return Stage(name, "training", description, section, inputs, f"${{paths.models}}/{name}", **traits)
 
 
 def _rl(name: str, section: type[Section], description: str, *inputs: str, kl_unit: str, **traits: Any) -> Stage:
     """An RL training stage: the best checkpoint by validation reward, the RL headline (and, ``verifiable``, the
-    generation score's)."""
+    generation score's); ``grouped`` when its section is a `GroupParams`."""
     headline = RL_HEADLINE + (VERIFIABLE_HEADLINE if traits.get("verifiable") else ())
     traits.setdefault("curves", TRL_RL)
+    traits.setdefault("grouped", issubclass(section, GroupParams))
     return _training(name, section, description, *inputs, best_metric=("eval_reward", True), kl_unit=kl_unit,
                      headline=headline, **traits)
 
@@ -171,7 +178,10 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
         hf_trainer=False),
     _rl("grpo", GRPOParams, "Group relative policy optimisation (TRL GRPOTrainer) of the SFT model against "
         "verifiable rewards.", "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/${grpo.policy}",
-        kl_unit="nats per token", grouped=True, verifiable=True),
+        kl_unit="nats per token", verifiable=True),
+    _rl("rloo", RLOOParams, "REINFORCE leave-one-out (TRL RLOOTrainer) of the SFT model on grpo's prompts and "
+        "verifiable rewards.", "${paths.data}/sft", "${paths.tokenizer}", "${paths.models}/${rloo.policy}",
+        kl_unit="nats per token", verifiable=True, inherits="grpo"),
     _training("vlm", VLMParams, "LLaVA vision-language model on the SFT model (TRL SFTTrainer) from image "
               "questions; held-out accuracy by question type.", "${paths.data}/vlm", "${paths.tokenizer}",
               "${paths.models}/sft", one_process="not yet tried under several processes", adapters=False,

@@ -30,28 +30,17 @@ ZERO_STD_WARN_FRACTION = 0.5
 """Warn when at least this share of groups had all-equal rewards (and so no gradient)."""
 
 
-def grpo_config(params: Params, run_dir: Path, name: str = "grpo"):
-    """Our params → `trl.GRPOConfig`, field by field, from section `name` (a stage that reuses this one: its own)
+def group_kwargs(params: Params, run_dir: Path, name: str) -> dict[str, Any]:
+    """Our params → the keyword arguments `trl.GRPOConfig` and `trl.RLOOConfig` share, from section `name`
     (`generation.max_new_tokens` → `max_completion_length`, `generation.suppress_tokens` → `generation_kwargs`)."""
-    from trl import GRPOConfig
-
     cfg = params.stage(name)
     gen = cfg.generation
-    return GRPOConfig(
+    return dict(
         **training_kwargs(params, name, run_dir),
         num_generations=cfg.num_generations,
-        loss_type=cfg.loss_type,
-        importance_sampling_level=cfg.importance_sampling_level,
         beta=cfg.beta,
         epsilon=cfg.epsilon,
         epsilon_high=cfg.epsilon_high,
-        sapo_temperature_pos=cfg.sapo_temperature_pos,
-        sapo_temperature_neg=cfg.sapo_temperature_neg,
-        vespo_k_pos=cfg.vespo_k_pos,
-        vespo_lambda_pos=cfg.vespo_lambda_pos,
-        vespo_k_neg=cfg.vespo_k_neg,
-        vespo_lambda_neg=cfg.vespo_lambda_neg,
-        scale_rewards=cfg.scale_rewards,
         num_iterations=cfg.num_iterations,
         steps_per_generation=cfg.steps_per_generation,
         mask_truncated_completions=cfg.mask_truncated_completions,
@@ -66,6 +55,25 @@ def grpo_config(params: Params, run_dir: Path, name: str = "grpo"):
         min_p=gen.min_p,
         repetition_penalty=gen.repetition_penalty,
         generation_kwargs={"suppress_tokens": list(gen.suppress_tokens)} if gen.suppress_tokens else None,
+    )
+
+
+def grpo_config(params: Params, run_dir: Path, name: str = "grpo"):
+    """Our params → `trl.GRPOConfig`, field by field, from section `name`: :func:`group_kwargs` and GRPO's own."""
+    from trl import GRPOConfig
+
+    cfg = params.stage(name)
+    return GRPOConfig(
+        **group_kwargs(params, run_dir, name),
+        loss_type=cfg.loss_type,
+        importance_sampling_level=cfg.importance_sampling_level,
+        sapo_temperature_pos=cfg.sapo_temperature_pos,
+        sapo_temperature_neg=cfg.sapo_temperature_neg,
+        vespo_k_pos=cfg.vespo_k_pos,
+        vespo_lambda_pos=cfg.vespo_lambda_pos,
+        vespo_k_neg=cfg.vespo_k_neg,
+        vespo_lambda_neg=cfg.vespo_lambda_neg,
+        scale_rewards=cfg.scale_rewards,
     )
 
 
@@ -160,7 +168,7 @@ class GRPO(TrainerStage):
         return train, valid
 
     def samples(self):
-        """The default prompts, sampled with ``grpo.generation`` and scored by ``grpo.rewards``."""
+        """The default prompts, sampled with the section's ``generation`` and scored by its ``rewards``."""
         from llmpipe.rl.rewards import compute_rewards
         from llmpipe.train.samples import generation_config, model_generate, stage_prompts
 
@@ -173,17 +181,21 @@ class GRPO(TrainerStage):
         prompts = stage_prompts(cfg, self.tokenizer, self.data / "validation.jsonl")
         return prompts, model_generate(self.tokenizer, config, reward)
 
+    def trainer_class(self):
+        """The TRL trainer (a stage on the same prompts and rewards, rloo: its own, which takes the same arguments)."""
+        from trl import GRPOTrainer
+
+        return GRPOTrainer
+
     @property
     def copies_reference(self) -> bool:
         return self.cfg.beta != 0  # TRL's GRPO loads no reference without a KL term
 
     def make_trainer(self, model, args, train, valid, callbacks: list):
-        from trl import GRPOTrainer
-
-        reward_funcs, _ = trl_reward_functions(self.cfg.rewards)  # weights reach TRL through grpo_config
-        trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
-                              eval_dataset=valid, processing_class=self.tokenizer, callbacks=callbacks,
-                              peft_config=self.peft_config)  # fmt: skip
+        reward_funcs, _ = trl_reward_functions(self.cfg.rewards)  # weights reach TRL through the config
+        trainer = self.trainer_class()(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
+                                       eval_dataset=valid, processing_class=self.tokenizer, callbacks=callbacks,
+                                       peft_config=self.peft_config)  # fmt: skip
         if self.cfg.sync_ref_model:
             from llmpipe.rl.reference import checkpoint_reference
 
