@@ -11,7 +11,7 @@ from test_evaluate import cli_metrics, make_params, tiny_root  # noqa: F401  (fi
 
 from llmpipe.config import parse_params
 from llmpipe.config.identity import IDENTITY_KEY, run_identity
-from llmpipe.config.stages import REGISTRY
+from llmpipe.config.stages import METRICS_STAGES, REGISTRY
 from llmpipe.evaluation.checks import rl_reward_gain
 from llmpipe.report import card, tables
 from llmpipe.stages import report
@@ -25,6 +25,9 @@ def write_metrics(root: Path, evals: dict[str, dict[str, float]]) -> None:
     (metrics / "prepare.json").write_text(json.dumps({"num_files": 700, "wall_time_s": 5.5}))
     (metrics / "pretrain.json").write_text(json.dumps(
         {"train_loss": 2.5, "eval_loss": 2.25, "steps": 600, "tokens_per_s": 11234.5, "wall_time_s": 321.0}))
+
+
+UNWRITTEN = len(METRICS_STAGES) - 2  # the stages with metrics files but the two write_metrics writes
 
 
 def stamp(params) -> None:
@@ -56,7 +59,7 @@ def test_report_passing(tmp_path):
     metrics = report.run(params)
     assert metrics == {"check_pretrain_bpb_ratio": 0.5, "check_sft_chat_bpb_delta": -0.5,
                        "check_dpo_preference_acc_norm_delta": pytest.approx(0.15), "num_checks": 3, "num_checks_passed": 3,
-                       "num_not_run": 9, "cost_sft_bpb_ratio": pytest.approx(1.05), "cost_dpo_bpb_ratio": pytest.approx(2.2 / 2.1)}
+                       "num_not_run": UNWRITTEN, "cost_sft_bpb_ratio": pytest.approx(1.05), "cost_dpo_bpb_ratio": pytest.approx(2.2 / 2.1)}
     text = (tmp_path / "reports" / "report.md").read_text()
     lines = text.splitlines()
     perplexity = lines[lines.index("### llmpipe_perplexity"):lines.index("### llmpipe_sft_chat")]
@@ -138,7 +141,7 @@ def test_report_without_a_models_evaluation_shows_it_as_not_run(tmp_path):
     write_metrics(tmp_path, {"baseline": model_metrics(4.0, 4.0, 4.1, 0.3, 1.0)})
     _, params = make_params(tmp_path, models=["baseline", "sft"])
     stamp(params)
-    assert report.run(params)["num_not_run"] == 10  # evaluate@sft and the 9 stages but prepare and pretrain
+    assert report.run(params)["num_not_run"] == UNWRITTEN + 1  # and evaluate@sft
     text = (tmp_path / "reports" / "report.md").read_text()
     assert f"- **evaluate@sft**: no {tmp_path / 'metrics' / 'eval' / 'sft.json'}" in text
     assert "| sft |" not in text.split("## Results per task")[1]
@@ -147,7 +150,7 @@ def test_report_without_a_models_evaluation_shows_it_as_not_run(tmp_path):
 def test_report_on_a_real_evaluation(tiny_root, cli_metrics):  # noqa: F811 (fixtures imported above)
     """The report reads what the evaluate stage wrote (no checks apply to a lone model)."""
     _, params = make_params(tiny_root)
-    assert report.run(params) == {"num_checks": 0, "num_checks_passed": 0, "num_not_run": 11}
+    assert report.run(params) == {"num_checks": 0, "num_checks_passed": 0, "num_not_run": len(METRICS_STAGES)}
     text = (tiny_root / "reports" / "report.md").read_text()
     assert f"| tiny | {tables.fmt(cli_metrics['llmpipe_perplexity.bits_per_byte'])} |" in text
     assert "| evaluate@tiny |" in text
@@ -191,7 +194,7 @@ def test_report_uses_only_metrics_of_the_current_params_and_inputs(tmp_path):
     assert "| evaluate@sft |" not in text and "| evaluate@dpo | 60.0 |" in text  # dpo's evaluation is of models/dpo
     headline = json.loads((metrics_dir / "headline.json").read_text())["headline"]
     assert "ppo_reward" not in headline and "reward_acc" not in headline and "vlm_acc" not in headline
-    assert headline["not_run"] == metrics["num_not_run"] == 10
+    assert headline["not_run"] == metrics["num_not_run"] == UNWRITTEN + 1  # and evaluate@sft
 
 
 def test_report_on_users_data_speaks_of_their_data(tmp_path):

@@ -47,9 +47,11 @@ def compare(trainer, merged, max_batches: int | None = None) -> dict[str, float]
     for i, batch in enumerate(trainer.get_eval_dataloader()):
         if max_batches is not None and i >= max_batches:
             break
-        if "input_ids" not in batch or "labels" not in batch:
+        # GRPO and RLOO collate nothing (a batch is a list of prompt records), DPO pairs: neither is scored here.
+        if not isinstance(batch, dict) or "input_ids" not in batch or "labels" not in batch:
+            shape = ", ".join(sorted(batch)) if isinstance(batch, dict) else f"a {type(batch).__name__} of records"
             log.info("merge check: the evaluation batches are not single sequences with labels (%s); not scored",
-                     ", ".join(sorted(batch)))  # fmt: skip
+                     shape)  # fmt: skip
             return {}
         inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
         labels = batch["labels"].to(device)[:, 1:]  # (B, T-1): the token each position predicts
