@@ -39,10 +39,10 @@ def arc_rows(split: str, n: int) -> list[dict]:
              "answerKey": "B"} for i in range(1, n + 1)]  # fmt: skip
 
 
-def write_arc_copy(root: Path, splits: dict[str, int] = ARC_SPLITS) -> Path:
-    """A local copy of allenai/ai2_arc's ARC-Easy config, in the Hub's layout; returns the dataset's folder."""
+def write_arc_copy(root: Path, splits: dict[str, int] = ARC_SPLITS, config: str = "ARC-Easy") -> Path:
+    """A local copy of allenai/ai2_arc's `config`, in the Hub's layout; returns the dataset's folder."""
     for split, n in splits.items():
-        write_jsonl(root / "ARC-Easy" / f"{split}-00000-of-00001.jsonl", arc_rows(split, n))
+        write_jsonl(root / config / f"{split}-00000-of-00001.jsonl", arc_rows(split, n))
     return root
 
 
@@ -52,7 +52,7 @@ def arc_copy(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def standard_params(tiny_root, arc_copy):
+def standard_params(tiny_root, arc_copy):  # noqa: F811 (the fixture imported above)
     """Params evaluating llmpipe_sft_chat, llmpipe_perplexity and arc_easy (1-shot, every document: limit null)."""
     return make_params(tiny_root, tasks=["llmpipe_sft_chat", "llmpipe_perplexity", "arc_easy"], limit=None,
                        task_data={"arc_easy": str(arc_copy)}, task_options=TASK_OPTIONS)  # fmt: skip
@@ -123,30 +123,34 @@ def test_a_group_takes_the_copies_of_its_subtasks_from_one_folder(prepared, tmp_
 @pytest.mark.parametrize(
     ("task_data", "message"),
     [
-        ({"arc_easy": "COPY"}, None),
-        ({"arc_easy": "TEST_ONLY"}, r"eval\.task_data\.arc_easy: lm-eval's task arc_easy reads split\(s\) train, "
-                                    r"validation, test \(training_split, validation_split, test_split\); the local "
-                                    r"copy has test: add train, validation"),
-        ({"arc_easy": "MISSING"}, r"eval\.task_data\.arc_easy: .*nowhere is not a folder"),
-        ({"hellaswag": "COPY"}, r"eval\.task_data\.hellaswag: not a standard task of eval\.tasks \(arc_easy\)"),
-        ({"arc_easy": {"test": "MISSING/test.jsonl"}}, r"eval\.task_data\.arc_easy: .*test\.jsonl does not exist"),
+        ({"arc_challenge": "COPY"}, None),
+        ({"arc_challenge": "TEST_ONLY"}, r"eval\.task_data\.arc_challenge: lm-eval's task arc_challenge reads "
+                                         r"split\(s\) train, validation, test \(training_split, validation_split, "
+                                         r"test_split\); the local copy has test: add train, validation"),
+        ({"arc_challenge": "MISSING"}, r"eval\.task_data\.arc_challenge: .*nowhere is not a folder"),
+        ({"hellaswag": "COPY"}, r"eval\.task_data\.hellaswag: not a standard task of eval\.tasks \(arc_challenge\)"),
+        ({"arc_challenge": {"test": "MISSING/test.jsonl"}}, r"eval\.task_data\.arc_challenge: .*test\.jsonl does not "
+                                                            r"exist"),
     ],
 )
-def test_a_local_copy_lacking_what_the_task_reads_is_an_error_naming_the_key(prepared, arc_copy, tmp_path,
-                                                                              task_data, message):
+def test_a_local_copy_lacking_what_the_task_reads_is_an_error_naming_the_key(prepared, tmp_path, task_data, message):
+    """On arc_challenge, which the module's `TaskManager` knows as lm-eval defines it (its arc_easy is redirected)."""
     from llmpipe.evaluation.standard import write_redirects
 
     manager = prepared[0].manager
-
-    write_arc_copy(tmp_path / "test_only", {"test": 2})
-    places = {"COPY": str(arc_copy), "TEST_ONLY": str(tmp_path / "test_only"), "MISSING": str(tmp_path / "nowhere")}
+    write_arc_copy(tmp_path / "copy", config="ARC-Challenge")
+    write_arc_copy(tmp_path / "test_only", {"test": 2}, config="ARC-Challenge")
+    places = {"COPY": str(tmp_path / "copy"), "TEST_ONLY": str(tmp_path / "test_only"),
+              "MISSING": str(tmp_path / "nowhere")}  # fmt: skip
     task_data = {k: places.get(v, v) if isinstance(v, str) else {s: f.replace("MISSING", places["MISSING"])
                                                                   for s, f in v.items()} for k, v in task_data.items()}  # fmt: skip
     if message is None:
-        assert write_redirects(manager, ["arc_easy"], task_data, tmp_path) == ["arc_easy"]
+        assert write_redirects(manager, ["arc_challenge"], task_data, tmp_path) == ["arc_challenge"]
+        assert yaml.safe_load((tmp_path / "arc_challenge.yaml").read_text())["dataset_kwargs"]["data_files"]["test"] == [
+            str(tmp_path / "copy" / "ARC-Challenge" / "test-00000-of-00001.jsonl")]
         return
     with pytest.raises(UserError, match=message):
-        write_redirects(manager, ["arc_easy"], task_data, tmp_path)
+        write_redirects(manager, ["arc_challenge"], task_data, tmp_path)
 
 
 def test_a_standard_task_without_data_offline_is_an_error_before_the_model_loads(tmp_path, monkeypatch):
@@ -183,7 +187,7 @@ def test_bad_task_data_is_a_params_error(task_data, message):
 
 
 @pytest.mark.slow
-def test_lm_evals_cli_on_the_written_tasks_reproduces_the_stages_numbers(standard_params, stage_metrics, tiny_root,
+def test_lm_evals_cli_on_the_written_tasks_reproduces_the_stages_numbers(standard_params, stage_metrics, tiny_root,  # noqa: F811
                                                                           tmp_path, offline_env):
     """`llm-train eval-tasks --out DIR`, then the `lm_eval` commands it prints, each run as lm-eval's own CLI in a
     new process: every metric lm-eval reports equals the stage's, exactly."""
@@ -195,7 +199,8 @@ def test_lm_evals_cli_on_the_written_tasks_reproduces_the_stages_numbers(standar
     commands = [shlex.split(line) for line in (out / "lm_eval.sh").read_text().splitlines()
                 if line.startswith("lm_eval ")]  # fmt: skip
     assert len(commands) == 2, "one command per set of task options"
-    assert f"pretrained={tiny_root / 'models' / 'tiny'},max_length=128,dtype=float32" in commands[0]
+    model_args = commands[0][commands[0].index("--model_args") + 1]
+    assert model_args.startswith(f"pretrained={tiny_root / 'models' / 'tiny'},max_length=128,dtype=float32,")
     env = {**offline_env, "PYTHONPATH": str(SRC)}  # the llmpipe tasks' hooks import from this checkout
     cli_metrics: dict[str, float] = {}
     for i, command in enumerate(commands):
