@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run one llmpipe stage (--task NAME), or one of the commands listed below.",
         epilog=f"registered tasks:\n{tasks}\n  lm         alias of pretrain\n"
         "  stream_lm  alias of pretrain that requires data.streaming: true\n\n"
-        "commands: llm-train {chat,generate,inspect,plot-lr,intermediate-size,params-reference,dvc-yaml} …  (llm-train COMMAND --help)",
+        "commands: llm-train {chat,generate,inspect,plot-lr,intermediate-size,params-reference,dvc-yaml,eval-tasks} …  (llm-train COMMAND --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", help="stage to run (see below)")

@@ -39,6 +39,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("intermediate-size", "sizing", "the SwiGLU MLP width for a hidden size (2/3 of 4x, rounded up)"),
     Command("params-reference", "params_reference", "write docs/params.md: every params.yaml key, from the schema"),
     Command("dvc-yaml", "dvc_yaml", "check (or --write) llmpipe's stages and plots in dvc.yaml, from the registry"),
+    Command("eval-tasks", "eval_tasks", "the evaluate stage's task YAMLs and data in a folder, and the lm_eval command "
+            "that reproduces its numbers"),
 )}  # fmt: skip
 """Every subcommand, in the order `llm-train --help` names them."""
 

@@ -91,6 +91,12 @@ class EvalParams(Section):
     task_options: dict[str, TaskOptions] = Field(
         {}, description="lm-eval options per task of `tasks` (num_fewshot, apply_chat_template, ...); others: defaults."
     )
+    task_data: dict[str, str | dict[str, str]] = Field(
+        {},
+        description="Local copies of standard lm-eval tasks' data, for offline runs: task (or a group of `tasks`: "
+        "mmlu) -> a folder with one file per split named by it (test.jsonl, test-00000-of-00001.parquet; its "
+        "<dataset_name>/ subfolder when there is one), or {split: file}; rows in the dataset's own columns.",
+    )
 
     @model_validator(mode="after")
     def _options_name_listed_tasks(self) -> EvalParams:
@@ -101,6 +107,12 @@ class EvalParams(Section):
             if name.startswith("llmpipe_") and options.apply_chat_template:
                 raise ValueError(f"eval.task_options.{name}.apply_chat_template: llmpipe tasks render the model's chat "
                                  "format themselves (a second template would wrap it again); set it to false")  # fmt: skip
+        for name, source in self.task_data.items():
+            if name.startswith("llmpipe_"):
+                raise ValueError(f"eval.task_data.{name}: llmpipe tasks read paths.data/eval (the prepare stage "
+                                 "writes it); task_data is for standard lm-eval tasks: remove the entry")  # fmt: skip
+            if not source:
+                raise ValueError(f"eval.task_data.{name}: empty; give a folder or {{split: file}}")
         return self
 
 

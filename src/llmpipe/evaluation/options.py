@@ -36,6 +36,22 @@ def evaluate_kwargs(options: TaskOptions) -> dict[str, Any]:
     }
 
 
+def cli_arguments(options: TaskOptions) -> list[str]:
+    """The ``lm_eval`` command-line flags that pass `options` as :func:`evaluate_kwargs` passes them to
+    `simple_evaluate` (``llm-train eval-tasks`` prints the command); none for the defaults.
+
+    lm-eval's CLI turns ``fewshot_as_multiturn`` on with ``--apply_chat_template``, so its value is always given
+    there.
+    """
+    args = [] if options.num_fewshot is None else ["--num_fewshot", str(options.num_fewshot)]
+    if options.apply_chat_template:
+        args += ["--apply_chat_template", "--fewshot_as_multiturn", str(options.fewshot_as_multiturn).lower()]
+    if options.gen_kwargs:
+        args += ["--gen_kwargs", *(f"{k}={json.dumps(v) if isinstance(v, bool) else v}"
+                                   for k, v in options.gen_kwargs.items())]  # fmt: skip
+    return args
+
+
 def check_fewshot(manager, options: Mapping[str, TaskOptions]) -> None:
     """Refuse a `num_fewshot` that a task cannot draw from its few-shot pool, or one lm-eval would ignore.
 
