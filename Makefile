@@ -62,9 +62,12 @@ browser:
 	    { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1; } || \
 	  echo "no chromium: the report page's browser test will be skipped (Debian: apt-get install chromium)"
 
+# The suite on every core (pytest-xdist): TEST_WORKERS=0 runs it in this one process, as a debugger wants.
+TEST_WORKERS ?= auto
+
 test: install browser
-	pytest
+	pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # Development loop: everything but the end-to-end tests that train models.
 test-fast: install
-	pytest -m "not slow"
+	pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow"

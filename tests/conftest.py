@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -19,6 +20,22 @@ from llmpipe.config import stages as registry
 from llmpipe.orchestration import scratch
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Under pytest-xdist (make test: -n auto) the workers share the cores: each worker and every process it starts gets
+# its share of threads, set before torch is imported and before any test copies os.environ for a subprocess, since
+# OpenMP's threads spin when there are more than cores and every worker then runs slower than alone.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that needs the trained DAG (`trained_pipeline`, directly or through another fixture) runs on one
+    xdist worker (``--dist loadgroup``): the DAG trains once per session as it does without xdist, and no two
+    processes use its repo at once. Without xdist the mark is inert."""
+    for item in items:
+        if "trained_pipeline" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("trained_dag"))
 
 # Tiny but real (a 2-layer Llama, a few steps per stage): the overrides `make smoke` runs, as YAML text.
 TINY_PARAMS = (ROOT / "configs" / "tiny.yaml").read_text()
@@ -88,6 +105,14 @@ def offline_env() -> dict[str, str]:
         DVC_NO_ANALYTICS="1",
     )
     return env
+
+
+def free_port() -> int:
+    """A loopback port free now: a Prefect server's, or a DDP run's rendezvous port (Accelerate's default 29500 is
+    taken when two xdist workers launch at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def sh(repo: Path, env: dict[str, str], *cmd: str) -> str:

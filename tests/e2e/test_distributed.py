@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import free_port
 
 from llmpipe.config import ParamsError, parse_params
 from llmpipe.distributed import launch
@@ -146,6 +147,11 @@ def test_ppo_is_refused_under_ddp_before_launch(workdir, offline_env):
     assert proc.returncode == 2 and "ppo runs in one process" in out, out
 
 
+def ddp2() -> dict:
+    """DDP over 2 local processes, on a rendezvous port of its own."""
+    return {"strategy": "ddp", "num_processes": 2, "main_process_port": free_port()}
+
+
 # fp32 and one loss per step, so the two runs can be compared step by step.
 EXACT = {"train": {"precision": "fp32", "logging_steps": 1}, "pretrain": {"max_steps": 10, "logging_steps": 1,
                                                                           "eval_steps": 10, "save_steps": 10}}
@@ -157,7 +163,7 @@ def ddp_pretrain(workdir, offline_env):
     one = _params_file(workdir, "one", deep_merge(EXACT, {"paths": {"output_root": "runs/one"},
                                                           "pretrain": {"per_device_train_batch_size": 4}}))
     ddp = _params_file(workdir, "ddp", deep_merge(EXACT, {"pretrain": {"per_device_train_batch_size": 2},
-                                                          "distributed": {"strategy": "ddp", "num_processes": 2}}))
+                                                          "distributed": ddp2()}))
     _finish(_llm_train(workdir, offline_env, "pretrain", one))
     out = _finish(_llm_train(workdir, offline_env, "pretrain", ddp))
     return {"one": workdir / "runs" / "one", "ddp": workdir, "ddp_out": out}
@@ -230,7 +236,7 @@ out = Path(sys.argv[2]); out.mkdir(exist_ok=True)
 def test_ddp_sft_runs_two_ranks_that_agree(workdir, offline_env, ddp_pretrain):
     config = _params_file(workdir, "sft-ddp", {"paths": {"output_root": "runs/sft-ddp"},
                                                "sft": {"per_device_train_batch_size": 2, "max_steps": 4},
-                                               "distributed": {"strategy": "ddp", "num_processes": 2}})
+                                               "distributed": ddp2()})
     _finish(_llm_train(workdir, offline_env, "sft", config))
     metrics = json.loads((workdir / "runs" / "sft-ddp" / "metrics" / "sft.json").read_text())
     assert metrics["world_size"] == 2 and metrics["ranks_agree"] is True and metrics["steps"] == 4
@@ -242,7 +248,7 @@ def test_killed_ddp_pretrain_resumes(workdir, offline_env, ddp_pretrain):
         "paths": {"output_root": "runs/ddp-resume"},
         "pretrain": {"max_steps": 10, "save_steps": 5, "eval_steps": 10, "logging_steps": 5,
                      "per_device_train_batch_size": 2},
-        "distributed": {"strategy": "ddp", "num_processes": 2}})
+        "distributed": ddp2()})
     root = workdir / "runs" / "ddp-resume"
     # Every rank SIGKILLs itself right after step 7, between the checkpoints of steps 5 and 10.
     crash = _llm_train(workdir, {**offline_env, "LLMPIPE_KILL_AT_STEP": "7"}, "pretrain", config, start_new_session=True)

@@ -12,7 +12,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import ALL_STAGES, ROOT, TINY_PARAMS, make_pipeline_repo, sh, stages_restored, stages_run
+from conftest import ALL_STAGES, ROOT, TINY_PARAMS, free_port, make_pipeline_repo, sh, stages_restored, stages_run
 
 sys.path.insert(0, str(ROOT / "flows"))
 from full_pipeline import working_copy_path  # noqa: E402
@@ -40,12 +39,6 @@ FLOW_PARAMS = TINY_PARAMS + "orchestration: {retries: 2, retry_delay_s: 1.0}\n"
 LONG_PRETRAIN = {"pretrain.max_steps": "60", "pretrain.save_steps": "5", "pretrain.eval_steps": "1000"}
 
 DEPLOYMENT = "full-pipeline/full-pipeline"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import free_port
 
 from llmpipe.config import load_params
 from llmpipe.core.errors import UserError
@@ -221,7 +222,7 @@ def test_a_two_process_stream_killed_twice_reads_the_batches_of_an_uninterrupted
     """The second resume is where `datasets` itself has had bugs; both ranks resume at their own cursor, and rank
     0's ledger equals the batches its stream gives uninterrupted."""
     params = yaml.safe_load((streamdir / "params.yaml").read_text())
-    params["distributed"] = {"strategy": "ddp", "num_processes": 2}
+    params["distributed"] = {"strategy": "ddp", "num_processes": 2, "main_process_port": free_port()}
     (streamdir / "params.yaml").write_text(yaml.safe_dump(params))
     try:
         killed = tmp_path / "killed"
