@@ -7,7 +7,9 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +67,29 @@ def tiny_sft(workdir) -> Path:
     return workdir
 
 
+# fp32 and one loss per step, so runs compare step by step; a global batch of 4 over two ranks.
+EXACT = {"train": {"precision": "fp32", "logging_steps": 1},
+         "pretrain": {"max_steps": 10, "logging_steps": 1, "eval_steps": 10, "save_steps": 10,
+                      "per_device_train_batch_size": 2},
+         "sft": {"max_steps": 4, "logging_steps": 1, "eval_steps": 4, "save_steps": 4, "per_device_train_batch_size": 2}}
+"""The params (over TINY_PARAMS) of `ddp_reference` and of the runs compared with it."""
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(prepared, tmp_path_factory, offline_env) -> Path:
+    """pretrain then sft as DDP over two processes on one machine (gloo, `EXACT`), once per session, in a copy of
+    `prepared` whose ``ddp.yaml`` holds the params: the two-process run that tests/e2e/test_distributed.py and
+    test_two_machines.py compare with."""
+    root = tmp_path_factory.mktemp("ddp_reference")
+    shutil.copytree(prepared, root, dirs_exist_ok=True)
+    raw = scratch.deep_merge(yaml.safe_load((root / "params.yaml").read_text()),
+                             {**EXACT, "distributed": {"strategy": "ddp", "num_processes": 2}})  # fmt: skip
+    (root / "ddp.yaml").write_text(yaml.safe_dump(raw))
+    for task in ("pretrain", "sft"):
+        sh(root, offline_env, sys.executable, "-m", "llmpipe.cli", "--task", task, "--config-path", "ddp.yaml")
+    return root
+
+
 TRAINING_AND_DATA_STAGES = set(registry.DVC_STAGES) - {"evaluate"}
 SHIPPED_STAGES = TRAINING_AND_DATA_STAGES | {
     f"evaluate@{m}" for m in yaml.safe_load((ROOT / "params.yaml").read_text())["eval"]["models"]
@@ -72,6 +97,13 @@ SHIPPED_STAGES = TRAINING_AND_DATA_STAGES | {
 """Every stage of dvc.yaml with the shipped params.yaml."""
 ALL_STAGES = TRAINING_AND_DATA_STAGES | {f"evaluate@{m}" for m in yaml.safe_load(TINY_PARAMS)["eval"]["models"]}
 """Every stage of dvc.yaml with TINY_PARAMS."""
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on at the moment, on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -5,20 +5,13 @@ parameters on both ranks; and a launch that disagrees with params is refused on 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import ROOT, free_port
 
 
 def _run(tmp_path: Path, env: dict[str, str], distributed: dict, *launcher: str) -> subprocess.CompletedProcess:
@@ -49,7 +42,7 @@ def test_regression_in_one_process(tmp_path, offline_env):
 @pytest.mark.slow
 def test_regression_on_two_ranks_from_params(tmp_path, offline_env):
     metrics = _metrics(tmp_path, _run(tmp_path, offline_env, {"strategy": "ddp", "num_processes": 2,
-                                                               "main_process_port": _free_port()}))
+                                                               "main_process_port": free_port()}))
     assert (metrics["world_size"], metrics["strategy"], metrics["distributed_type"]) == (2, "ddp", "MULTI_CPU")
     assert metrics["ranks_agree"] is True and metrics["checksum_max_abs_diff"] == 0.0
     _assert_fits(metrics)
@@ -58,7 +51,7 @@ def test_regression_on_two_ranks_from_params(tmp_path, offline_env):
 @pytest.mark.slow
 def test_a_launch_that_disagrees_with_params_is_refused_on_every_rank(tmp_path, offline_env):
     proc = _run(tmp_path, offline_env, {}, sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
-                "--num_processes", "2", "--main_process_port", str(_free_port()))
+                "--num_processes", "2", "--main_process_port", str(free_port()))
     assert proc.returncode != 0
     for rank in (0, 1):
         assert (f"rank {rank}: params say distributed.strategy none with world size 1, but this process runs "

@@ -3,10 +3,11 @@ would train, machine 0 compares, and every machine gets the same verdict, throug
 that machine 0 hosts for the moment on ``main_process_ip:main_process_port`` (the port torchrun takes next).
 
 Why not leave it to torchrun: with the static rendezvous Accelerate uses, a machine that never comes holds the
-others for torchrun's 600 s default and ends in a `DistStoreError` traceback; two launches that both claim
-machine_rank 0 on one host end in Accelerate's port check on one and a wait on the other; and launches whose
-params differ (world size, strategy, inputs) either time out in the rendezvous or train different things and hang
-in a collective. Here each case is one `UserError`, on every machine that came, within ``join_timeout_s``.
+others for the rendezvous timeout (600 s by default in torch's static handler); of two launches claiming
+machine_rank 0 on one host, Accelerate's port check stops one with a `ConnectionError` while the other waits; and
+launches whose params differ (world size, strategy, inputs) meet nothing that compares them, so they wait in the
+rendezvous or train different things in one world. Here each case is one `UserError`, on every machine that
+came, within ``join_timeout_s``.
 
 Protocol (keys in the store): every machine adds 1 to ``claim/<machine_rank>`` (a second claim of one rank is the
 duplicate) and sets ``machine/<machine_rank>`` to what it would train (its params but where it sits, the hashes of its inputs
