@@ -182,3 +182,37 @@ def test_launches_whose_world_and_strategy_differ_both_stop_naming_them(tmp_path
         assert "machine 1's launch of pretrain differs from machine 0's" in out
         assert "world size (num_processes × num_machines): 1 × 2 on machine 0, 2 × 2 on machine 1" in out
         assert "distributed.strategy: 'ddp' on machine 0, 'fsdp' on machine 1" in out
+
+
+def _meet_in_threads(identities: list[dict]) -> list[str]:
+    """`join.meet` of machines 0 and 1 at once, in threads of this process over a real TCPStore: each one's outcome."""
+    import threading
+
+    from llmpipe.core.errors import UserError
+    from llmpipe.distributed import join
+
+    port, outcome = free_port(), ["", ""]
+
+    def machine(rank: int) -> None:
+        params = parse_params({"distributed": {**WORLD, "machine_rank": rank, "main_process_port": port,
+                                               "join_timeout_s": 30}})  # fmt: skip
+        try:
+            join.meet(params, "pretrain", identities[rank], None)
+            outcome[rank] = "ok"
+        except UserError as err:
+            outcome[rank] = str(err)
+
+    threads = [threading.Thread(target=machine, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return outcome
+
+
+def test_machines_meet_and_agree_or_get_one_verdict_naming_the_difference():
+    same = {"distributed.num_processes": 1, "distributed.num_machines": 2, "pretrain.lr": 1e-3, "input data": "a"}
+    assert _meet_in_threads([same, dict(same)]) == ["ok", "ok"]
+    other = {**same, "pretrain.lr": 2e-3, "input data": "b"}
+    zero, one = _meet_in_threads([same, other])
+    assert zero == one and "pretrain.lr: 0.001 on machine 0, 0.002 on machine 1" in zero and "input data differs" in zero

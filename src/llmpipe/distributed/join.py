@@ -143,6 +143,7 @@ def meet(params, task: str, mine: dict[str, Any], problem: str | None) -> None:
         raise UserError(problem)
     import torch.distributed  # noqa: F401  (imported before the clock starts: seconds on a busy machine)
 
+    mine = json.loads(json.dumps(mine, default=str))  # as the others' arrive: tuples as lists, paths as strings
     started = time.monotonic()
     store, hosted = _store(dist, host=rank == 0)
     if not hosted:
