@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,30 @@ def tiny_sft(workdir) -> Path:
     tok = load_tokenizer(workdir / params.paths.tokenizer)
     save_model(build_model(params.model, tok), tok, workdir / params.paths.models / "sft")
     return workdir
+
+
+# fp32 and one loss per step, so runs compare step by step; a global batch of 4 over two ranks.
+EXACT = {"train": {"precision": "fp32", "logging_steps": 1},
+         "pretrain": {"max_steps": 10, "logging_steps": 1, "eval_steps": 10, "save_steps": 10,
+                      "per_device_train_batch_size": 2},
+         "sft": {"max_steps": 4, "logging_steps": 1, "eval_steps": 4, "save_steps": 4, "per_device_train_batch_size": 2}}
+"""The params (over TINY_PARAMS) of `ddp_reference` and of the runs compared with it."""
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(prepared, tmp_path_factory, offline_env) -> Path:
+    """pretrain then sft as DDP over two processes on one machine (gloo, `EXACT`), once per session, in a copy of
+    `prepared` whose ``ddp.yaml`` holds the params: the two-process run that tests/e2e/test_distributed.py and
+    test_two_machines.py compare with."""
+    root = tmp_path_factory.mktemp("ddp_reference")
+    shutil.copytree(prepared, root, dirs_exist_ok=True)
+    raw = scratch.deep_merge(yaml.safe_load((root / "params.yaml").read_text()),
+                             {**EXACT, "distributed": {"strategy": "ddp", "num_processes": 2,
+                                                       "main_process_port": free_port()}})  # fmt: skip
+    (root / "ddp.yaml").write_text(yaml.safe_dump(raw))
+    for task in ("pretrain", "sft"):
+        sh(root, offline_env, sys.executable, "-m", "llmpipe.cli", "--task", task, "--config-path", "ddp.yaml")
+    return root
 
 
 TRAINING_AND_DATA_STAGES = set(registry.DVC_STAGES) - {"evaluate"}

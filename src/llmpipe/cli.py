@@ -158,7 +158,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from llmpipe.core.io import write_json
     from llmpipe.distributed.launch import finish, is_main_process, needs_launch, relaunch, under_launcher
     from llmpipe.train.arguments import check_device_params
-    from llmpipe.train.checkpoints import ResumeRequest, describe_runs
+    from llmpipe.train.checkpoints import ResumeRequest, describe_runs, machine_identity
 
     try:
         task = registry.resolve(args.task)
@@ -206,7 +206,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             raise UserError(f"--trust-remote-code: --task {task} loads no model or tokenizer; drop the flag")
         kwargs["trust_remote_code"] = True
     if task in registry.DISTRIBUTED_TASKS and needs_launch(params.distributed) and not under_launcher():
-        relaunch(params, task, argv)  # does not return: the same command, under accelerate launch
+        many = params.distributed.num_machines > 1  # the machines compare what they would train before launching
+        identity = machine_identity(params, task, stages.run_inputs(task, params)) if many else None
+        relaunch(params, task, argv, identity)  # does not return: the same command, under accelerate launch
     run = stages.runner(task)
     start = time.perf_counter()
     metrics = dict(run(params, **kwargs))
@@ -218,6 +220,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         metrics[IDENTITY_KEY] = run_identity(params, task, args.model)  # the report leaves out files of other runs
         write_json(path, metrics)
         log.info("%s done in %.1f s; metrics in %s", task, metrics["wall_time_s"], path)
+    else:
+        log.info("%s done in %.1f s on rank %s; rank 0 (machine 0) writes the outputs", task, metrics["wall_time_s"],
+                 os.environ.get("RANK"))  # fmt: skip
     finish()  # every rank of a multi-process run leaves together
     return 0
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port
+from conftest import EXACT, free_port
 
 from llmpipe.config import ParamsError, parse_params
 from llmpipe.distributed import launch
@@ -152,21 +153,15 @@ def ddp2() -> dict:
     return {"strategy": "ddp", "num_processes": 2, "main_process_port": free_port()}
 
 
-# fp32 and one loss per step, so the two runs can be compared step by step.
-EXACT = {"train": {"precision": "fp32", "logging_steps": 1}, "pretrain": {"max_steps": 10, "logging_steps": 1,
-                                                                          "eval_steps": 10, "save_steps": 10}}
-
-
 @pytest.fixture(scope="module")
-def ddp_pretrain(workdir, offline_env):
-    """pretrain twice with one global batch of 4: one process × 4, and DDP 2 processes × 2 (writes models/pretrain)."""
+def ddp_pretrain(workdir, offline_env, ddp_reference):
+    """pretrain with one global batch of 4: one process × 4 here, and the session's DDP 2 processes × 2
+    (`ddp_reference`, copied into `workdir`: ddp.yaml, models/pretrain, its logs and metrics)."""
     one = _params_file(workdir, "one", deep_merge(EXACT, {"paths": {"output_root": "runs/one"},
                                                           "pretrain": {"per_device_train_batch_size": 4}}))
-    ddp = _params_file(workdir, "ddp", deep_merge(EXACT, {"pretrain": {"per_device_train_batch_size": 2},
-                                                          "distributed": ddp2()}))
     _finish(_llm_train(workdir, offline_env, "pretrain", one))
-    out = _finish(_llm_train(workdir, offline_env, "pretrain", ddp))
-    return {"one": workdir / "runs" / "one", "ddp": workdir, "ddp_out": out}
+    shutil.copytree(ddp_reference, workdir, dirs_exist_ok=True)
+    return {"one": workdir / "runs" / "one", "ddp": workdir}
 
 
 def _losses(root: Path) -> list[float]:
@@ -233,13 +228,9 @@ out = Path(sys.argv[2]); out.mkdir(exist_ok=True)
 
 
 @pytest.mark.slow
-def test_ddp_sft_runs_two_ranks_that_agree(workdir, offline_env, ddp_pretrain):
-    config = _params_file(workdir, "sft-ddp", {"paths": {"output_root": "runs/sft-ddp"},
-                                               "sft": {"per_device_train_batch_size": 2, "max_steps": 4},
-                                               "distributed": ddp2()})
-    _finish(_llm_train(workdir, offline_env, "sft", config))
-    metrics = json.loads((workdir / "runs" / "sft-ddp" / "metrics" / "sft.json").read_text())
-    assert metrics["world_size"] == 2 and metrics["ranks_agree"] is True and metrics["steps"] == 4
+def test_ddp_sft_runs_two_ranks_that_agree(ddp_reference):
+    metrics = json.loads((ddp_reference / "metrics" / "sft.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["ranks_agree"] is True and metrics["steps"] == EXACT["sft"]["max_steps"]
 
 
 @pytest.mark.slow

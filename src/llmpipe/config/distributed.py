@@ -17,9 +17,9 @@ from llmpipe.config.section import Section
 
 Offload = Literal["none", "cpu", "nvme"]
 
-LAUNCH_KEYS = frozenset({"machine_rank", "main_process_ip", "main_process_port"})
-"""Keys that say where a process sits, not what it trains: left out of checkpoint fingerprints, so every machine
-of a multi-node run computes the same one."""
+LAUNCH_KEYS = frozenset({"machine_rank", "main_process_ip", "main_process_port", "join_timeout_s"})
+"""Keys that say where a process sits and how long it waits for the others, not what it trains: left out of
+checkpoint fingerprints, so every machine of a multi-node run computes the same one."""
 
 
 class FSDPParams(Section):
@@ -92,6 +92,13 @@ class DistributedParams(Section):
     machine_rank: int = Field(0, ge=0, description="This machine's rank, 0 … num_machines-1.")
     main_process_ip: str | None = Field(None, description="Address of machine 0 (needed when num_machines > 1).")
     main_process_port: int = Field(29500, gt=0, lt=65536, description="Rendezvous port on machine 0.")
+    join_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="Seconds a machine of a multi-machine run waits for the others (and machine 0 for all of them) "
+        "before it stops with an error naming the missing machine; also torchrun's rendezvous timeout.",
+    )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     torch_compile: bool = Field(False, description="Compile the model with torch.compile.")
     torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(

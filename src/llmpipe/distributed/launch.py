@@ -9,6 +9,7 @@ deep inside DeepSpeed with a batch-size assertion (Accelerate 1.15). llmpipe sto
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -201,32 +202,55 @@ def accelerate_config(params, num_processes: int, deepspeed_config_file: Path | 
     return config
 
 
-def relaunch(params, task: str, argv: list[str]) -> NoReturn:
+def relaunch(params, task: str, argv: list[str], identity: dict[str, Any] | None = None) -> NoReturn:
     """Replace this process with ``accelerate launch … -m llmpipe.cli <argv>``, the same command under the launcher.
 
     Writes ``logs/<task>/accelerate_config.yaml`` (and ``deepspeed_config.json``) first, so the launch that
-    ran can be read back. The pid stays the same (exec), so DVC and Prefect see the launcher's exit code
-    and their SIGINT reaches it.
+    ran can be read back; on a machine other than 0, which writes nothing of the run, they go to a temporary
+    folder instead. With ``num_machines`` > 1 the machines first meet (`llmpipe.distributed.join.meet`), and
+    torchrun's own rendezvous gets ``join_timeout_s`` too. The pid stays the same (exec), so DVC and Prefect
+    see the launcher's exit code and their SIGINT reaches it.
+
+    Args:
+        identity: What must be alike on every machine (`llmpipe.train.checkpoints.machine_identity`); needed
+            when ``num_machines`` > 1.
 
     Raises:
-        UserError: From :func:`preflight`.
+        UserError: From :func:`preflight` (on a machine other than 0, through machine 0's verdict), or
+            `llmpipe.distributed.join.meet`'s.
     """
     import json
+    import tempfile
 
-    n = preflight(params, task)
-    log_dir = params.paths.out(params.paths.logs, task)
+    from llmpipe.distributed import join
+
+    dist = params.distributed
+    try:
+        n = preflight(params, task)
+        problem = None
+    except UserError as err:
+        if dist.num_machines == 1:
+            raise
+        n, problem = 0, str(err)
+    if dist.num_machines > 1:
+        join.meet(params, task, identity or {}, problem)
+    if dist.machine_rank == 0:
+        log_dir = params.paths.out(params.paths.logs, task)
+    else:
+        log_dir = Path(tempfile.mkdtemp(prefix=f"llmpipe-{task}-machine{dist.machine_rank}-"))
     ds_file = None
-    if params.distributed.strategy == "deepspeed":
+    if dist.strategy == "deepspeed":
         ds_file = (log_dir / "deepspeed_config.json").resolve()
         with atomic_file(ds_file) as fh:
             json.dump(deepspeed_config(params), fh, indent=2)
     config_file = log_dir / "accelerate_config.yaml"
     with atomic_file(config_file) as fh:
         yaml.safe_dump(accelerate_config(params, n, ds_file), fh, sort_keys=False)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
+    rendezvous = ["--rdzv_conf", f"timeout={math.ceil(dist.join_timeout_s)}"] if dist.num_machines > 1 else []
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file), *rendezvous,
            "-m", "llmpipe.cli", *argv]
-    log.info("%s: strategy %s, %d process(es) here × %d machine(s): %s", task, params.distributed.strategy, n,
-             params.distributed.num_machines, " ".join(cmd))
+    log.info("%s: strategy %s, %d process(es) here × %d machine(s): %s", task, dist.strategy, n,
+             dist.num_machines, " ".join(cmd))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, cmd)

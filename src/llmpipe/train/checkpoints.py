@@ -86,6 +86,15 @@ def identity(params: Params, stage: str, inputs: list[Path]) -> dict[str, Any]:
     return out
 
 
+def machine_identity(params: Params, stage: str, inputs: list[Path]) -> dict[str, Any]:
+    """What every machine of a multi-machine run must have alike (`llmpipe.distributed.join`): the run's
+    :func:`identity` (which leaves out where a machine sits) and its step and epoch budget (a machine that trains
+    longer would wait in a collective for ever)."""
+    out = identity(params, stage, inputs)
+    _flat(stage, {k: v for k, v in params.stage(stage).model_dump().items() if k in BUDGET_KEYS}, out)
+    return out
+
+
 def fingerprint_of(ident: dict[str, Any]) -> str:
     """16 hex characters of SHA-256 over an :func:`identity`."""
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -308,9 +317,10 @@ def open_run(params: Params, stage: str, inputs: list[Path], request: ResumeRequ
     if resume is None and others:
         log.info("%s: %d other run folder(s) beside this one, with other params, inputs or code (not resumed); "
                  "llm-train --task %s --list-checkpoints shows how they differ", stage, len(others), stage)  # fmt: skip
-    path.mkdir(parents=True, exist_ok=True)
-    if not (path / FINGERPRINT_FILE).exists():
-        write_json(path / FINGERPRINT_FILE, ident)
+    if is_main_process():  # a machine other than 0 writes nothing of the run (the Trainer makes the folder it saves in)
+        path.mkdir(parents=True, exist_ok=True)
+        if not (path / FINGERPRINT_FILE).exists():
+            write_json(path / FINGERPRINT_FILE, ident)
     return Run(path=path, resume=resume)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from llmpipe.config import Params
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_file
-from llmpipe.distributed.agreement import ranks_agree
+from llmpipe.distributed.agreement import ranks_agree, same_resume_step
 from llmpipe.distributed.launch import check_world
 from llmpipe.models import count_parameters
 from llmpipe.train import merge_check
@@ -142,6 +142,8 @@ def train_stage(trainer, params: Params, stage: str, run: Run, tokenizer, load_b
     if params.profile.enabled:
         trainer.add_callback(ProfilerCallback(params.profile, params.paths.out(params.paths.logs, stage, "profile")))
     world = check_world(params, trainer.accelerator)
+    if world["world_size"] > 1:
+        same_resume_step(trainer.accelerator, stage, run.resumed_step)
     num_parameters = count_parameters(trainer.model)  # before sharding wraps it
     num_trainable = count_parameters(trainer.model, trainable_only=True)
     if run.resume:
