@@ -30,13 +30,18 @@ if _WORKERS > 1:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
+SHARED_RUNS = ("trained_pipeline", "ddp_reference")
+"""Session fixtures that train (the whole DAG; a two-process DDP run): a session of their own per xdist worker."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """Every test that needs the trained DAG (`trained_pipeline`, directly or through another fixture) runs on one
-    xdist worker (``--dist loadgroup``): the DAG trains once per session as it does without xdist, and no two
-    processes use its repo at once. Without xdist the mark is inert."""
+    """Every test that needs one of :data:`SHARED_RUNS` (directly or through another fixture) runs on that run's
+    xdist worker (``--dist loadgroup``): it trains once per session as it does without xdist, and no two processes
+    use its folder at once. Without xdist the mark is inert."""
     for item in items:
-        if "trained_pipeline" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("trained_dag"))
+        run = next((name for name in SHARED_RUNS if name in item.fixturenames), None)
+        if run:
+            item.add_marker(pytest.mark.xdist_group(run))
 
 # Tiny but real (a 2-layer Llama, a few steps per stage): the overrides `make smoke` runs, as YAML text.
 TINY_PARAMS = (ROOT / "configs" / "tiny.yaml").read_text()
