@@ -89,7 +89,7 @@ COMPARISONS = (
     Op("less", "is less than {c}", "{v} < {c}", _int(0, 20)),
     Op("equal", "equals {c}", "{v} == {c}", _int(0, 12)),
     Op("even", "is even", "{v} % 2 == 0"),
-    Op("divisible", "is divisible by {c}", "{v} % {c} == 0", _int(2, 5)),
+    Op("divisible", "is divisible by {c}", "{v} % {c} == 0", _int(3, 5)),  # 2 would be `even`
 )
 
 

@@ -71,12 +71,13 @@ def check_shape(values: dict[str, Any], where: str) -> Task:
     return {c: values[c] for c in COLUMNS} | {"tests": list(tests), "source": values.get("source", "tasks")}
 
 
-def check_references(tasks: Sequence[Task], where: Sequence[str], limits: Limits = Limits()) -> None:
+def check_references(tasks: Sequence[Task], where: Sequence[str], limits: Limits | None = None) -> None:
     """Run every task's reference body against its tests in the sandbox; refuse the first that fails.
 
     Raises:
         UserError: Names the record (`where`), how many of its tests failed, and why it may be.
     """
+    limits = limits or Limits()
     outcomes = run_many([(program_of(t["prompt"], t["canonical_solution"]), t["tests"]) for t in tasks], limits)
     for task, outcome, place in zip(tasks, outcomes, where):
         if outcome.passed < outcome.total:
