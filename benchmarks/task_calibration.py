@@ -26,6 +26,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+TARGET = (0.2, 0.6)
+"""The sft pass@1 that leaves the post-training stages room to show a gain and shows the tasks are learnable."""
+
 STAGES = ("prepare", "tokenizer", "tokenize", "pretrain", "sft")
 OUTPUT = {"prepare": "data/tasks", "tokenizer": "artifacts/tokenizer", "tokenize": "data/tokens/train",
           "pretrain": "models/pretrain", "sft": "models/sft"}  # fmt: skip
@@ -70,7 +73,7 @@ def answer(model_dir: Path, tokenizer_dir: Path, tasks: list[dict], max_new_toke
     return out
 
 
-def score(name: str, tasks: list[dict], bodies: list[str]) -> None:
+def score(name: str, tasks: list[dict], bodies: list[str]) -> float:
     from llmpipe.core.sandbox import run_many
     from llmpipe.data.tasks.records import program_of
 
@@ -90,6 +93,7 @@ def score(name: str, tasks: list[dict], bodies: list[str]) -> None:
     print("  per family: " + ", ".join(f"{f} {sum(v) / len(v):.2f} (n={len(v)})" for f, v in sorted(by_family.items())))
     for t, b, v in list(zip(tasks, bodies, passed))[:3]:
         print(f"  --- {t['entry_point']} ({'pass' if v else 'fail'})\n{b}")
+    return p
 
 
 def main() -> None:
@@ -123,7 +127,9 @@ def main() -> None:
     for name in ("pretrain", "sft"):
         bodies = answer(args.workdir / "models" / name, args.workdir / "artifacts/tokenizer", tasks,
                         args.max_new_tokens, 16)
-        score(name, tasks, bodies)
+        p = score(name, tasks, bodies)
+    lo, hi = TARGET
+    print(f"{'PASS' if lo <= p <= hi else 'FAIL'}: sft pass@1 {p:.3f} (target {lo:g} to {hi:g})")
 
 
 if __name__ == "__main__":

@@ -200,7 +200,8 @@ class ImagesParams(Section):
 
 class TasksParams(Section):
     """The executable function tasks `prepare` writes to data/tasks and mixes into the SFT and preference data
-    (`llmpipe.data.tasks`): generated (seeded, offline) or a user's own (`data.local.tasks`)."""
+    (`llmpipe.data.tasks`): generated (seeded, offline) with the stdlib corpus, or a user's own (`data.local.tasks`,
+    with any source); users' own corpora get none of the generated Python tasks."""
 
     enabled: bool = Field(True, description="false: no tasks; SFT, preference pairs and RL prompts are the corpus's alone.")
     num_train: int = Field(2000, gt=0, description="Generated training tasks.")

@@ -26,9 +26,10 @@ CORRUPTIONS = ("constant", "off_by_one", "operator")
 
 def build_tasks(data: DataParams) -> dict[str, list[Task]]:
     """The tasks per split: a user's `data.local.tasks` (checked, split by the hash of the prompt), or the
-    generated families (:mod:`.families`), or none (`data.tasks.enabled` false)."""
+    generated families (:mod:`.families`) with the stdlib corpus, or none (`data.tasks.enabled` false, or users'
+    own corpus without tasks of their own: Python tasks do not belong in a chat fine-tune's data)."""
     cfg = data.tasks
-    if not cfg.enabled:
+    if not cfg.enabled or (data.source != "stdlib" and data.local.tasks is None):
         return {s: [] for s in SPLITS}
     if data.local.tasks is not None:
         with tempfile.TemporaryDirectory(prefix="llmpipe-datasets-") as cache:
