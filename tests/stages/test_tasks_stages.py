@@ -44,7 +44,7 @@ def test_grpo_trains_on_tests_pass_and_evaluate_measures_pass_at_1(tiny_sft, mon
     assert len(rows) == 2 and all(r["rewards/tests_pass/mean"] for r in rows), "the test reward was called"
     assert 0 <= metrics["frac_sandbox_timeouts"] <= 1 and 0 <= metrics["frac_sandbox_crashes"] <= 1
 
-    raw["eval"].update(models=["sft"], tasks=["llmpipe_tasks"], limit=4)
+    raw["eval"].update(models=["sft"], tasks=["llmpipe_tasks"], limit=4, max_length=256, max_new_tokens=24)
     scores = evaluate.run(parse_params(raw), model="sft")
     assert scores["llmpipe_tasks.num_docs"] == 4
     for key in ("pass_at_1", "tests_pass", "distinct"):
