@@ -50,7 +50,12 @@ EXPECTED_KEYS = {
     *(f"llmpipe_preference.{m}_{kind}" for m in ("acc", "acc_norm") for kind in ("swap", "truncate", "syntax")),
     "llmpipe_generation.score", "llmpipe_generation.parses", "llmpipe_generation.trivial",
     "llmpipe_generation.distinct",
+    "llmpipe_tasks.pass_at_1", "llmpipe_tasks.tests_pass", "llmpipe_tasks.distinct",
 }  # fmt: skip
+
+TESTS = (["assert add(1, 2) == 3"], ["assert greet('a') is None"], ["assert is_even(2)", "assert not is_even(3)"],
+         ["assert first([3]) == 3", "assert first([]) is None"])
+"""Each of FUNCTIONS' hidden tests, for the executable-task set."""
 
 FUNCTIONS = [
     ("def add(a, b):", "Return the sum of a and b.", "    total = a + b\n    return total"),
@@ -68,7 +73,7 @@ def stdlib_text(*modules: str) -> list[str]:
 
 
 def write_eval_sets(eval_dir: Path, signature_mc: bool = True) -> None:
-    """The four sets `prepare` writes under ``<paths.data>/eval/``, four rows each (signature_mc optional)."""
+    """The five sets `prepare` writes under ``<paths.data>/eval/``, four rows each (signature_mc optional)."""
     docs = stdlib_text("textwrap", "string", "json.decoder", "shlex")
     write_jsonl(eval_dir / "perplexity.jsonl", [{"text": d[:1500]} for d in docs])
     sft, pref, mc = [], [], []
@@ -84,6 +89,9 @@ def write_eval_sets(eval_dir: Path, signature_mc: bool = True) -> None:
     write_jsonl(eval_dir / "sft.jsonl", sft)
     write_jsonl(eval_dir / "preference.jsonl", pref)
     write_jsonl(eval_dir / "signature_mc.jsonl", mc if signature_mc else [])
+    write_jsonl(eval_dir / "tasks.jsonl", [{"prompt": f'{sig}\n    """{doc}"""', "entry_point": sig[4:].split("(")[0],
+                                            "canonical_solution": body, "tests": tests, "source": "tiny"}
+                                           for (sig, doc, body), tests in zip(FUNCTIONS, TESTS)])  # fmt: skip
 
 
 def make_params(root: Path, **eval_overrides: Any):
@@ -145,8 +153,10 @@ def test_evaluate_reports_every_metric_finite(cli_metrics, tiny_root):
     assert {cli_metrics[f"{t}.num_docs"] for t in EVAL_TASKS} == {3}
     assert cli_metrics["wall_time_s"] > 0
     answers = [json.loads(line) for line in (tiny_root / "logs" / "evaluate" / "tiny" / "answers.jsonl").open()]
-    assert [a["prompt"] for a in answers] == [f'{sig}\n    """{doc}"""' for sig, doc, _ in FUNCTIONS[:3]]
-    assert {a["task"] for a in answers} == {"llmpipe_generation"}  # the report shows them side by side
+    generation = [a["prompt"] for a in answers if a["task"] == "llmpipe_generation"]
+    assert generation == [f'{sig}\n    """{doc}"""' for sig, doc, _ in FUNCTIONS[:3]]
+    assert answers[0]["task"] == "llmpipe_generation"  # first: the report shows the first prompts side by side
+    assert {a["task"] for a in answers} == {"llmpipe_generation", "llmpipe_tasks"}
     # llmpipe tasks leave documents longer than the context out, so lm-eval has nothing to cut.
     assert cli_metrics["num_truncated_requests"] == 0
     # Byte perplexity and bits per byte are one number in two units.

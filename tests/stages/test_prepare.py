@@ -25,12 +25,13 @@ from llmpipe.data.splits import split_by_key
 from llmpipe.stages import prepare
 
 SPLITS = ("train", "validation", "test")
-SUBSETS = ("pretrain", "sft", "preference")
-EVAL = ("perplexity", "signature_mc", "sft", "preference")
+SUBSETS = ("pretrain", "sft", "preference", "tasks")
+EVAL = ("perplexity", "signature_mc", "sft", "preference", "tasks")
 STDLIB_DATA = {
     "seed": 7,
     "num_eval_examples": 50,
     "stdlib": {"max_sft_pairs": 1500, "max_preference_pairs": 1200},
+    "tasks": {"enabled": False},  # the stdlib corpus alone (the tasks: tests/stages/test_tasks_stages.py)
 }
 
 
@@ -66,13 +67,13 @@ def test_stdlib_same_seed_gives_identical_files(stdlib_run, tmp_path, capsys):
     assert again == metrics
     # Its progress: one line per phase, with what it counted.
     phases = re.findall(r"^prepare: (.+) in \d:\d\d:\d\d(?: \((.*)\))?$", capsys.readouterr().out, re.MULTILINE)
-    assert [p[0] for p in phases] == ["read the text of data.source: stdlib",
+    assert [p[0] for p in phases] == ["read the text of data.source: stdlib", "added the executable function tasks",
                                       "deduplicated and built the evaluation sets", "wrote the image records",
                                       f"wrote {tmp_path / 'data'}"]  # fmt: skip
     read = int(re.fullmatch(r"([\d,]+) documents", phases[0][1]).group(1).replace(",", ""))
     assert read >= sum(metrics[f"num_documents_{s}"] for s in SPLITS)  # before deduplication
-    assert phases[1][1].startswith(f"{metrics['num_documents_train']:,} training documents kept")
-    assert phases[2][1] == f"{3 * len(SPLITS)} records"
+    assert phases[2][1].startswith(f"{metrics['num_documents_train']:,} training documents kept")
+    assert phases[3][1] == f"{3 * len(SPLITS)} records"
     first, second = snapshot(root), snapshot(tmp_path)
     expected = {f"{s}/{n}.jsonl" for s in (*SUBSETS, "vlm") for n in SPLITS} | {f"eval/{n}.jsonl" for n in EVAL}
     images = {f"vlm/images/{s}/{i:05d}.png" for s in SPLITS for i in range(3)}

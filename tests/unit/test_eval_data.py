@@ -16,7 +16,8 @@ def test_evaluation_follows_the_data():
     shipped = [*EVAL_TASKS, "arc_easy"]
     assert tasks_for(shipped, stdlib=True) == shipped
     assert tasks_for(shipped, stdlib=False) == ["llmpipe_perplexity", "llmpipe_sft_chat", "llmpipe_sft_plain",
-                                                "llmpipe_preference", "llmpipe_answers", "arc_easy"]
+                                                "llmpipe_preference", "llmpipe_answers", "llmpipe_tasks", "arc_easy"]
+    # llmpipe_tasks stays: a user's own tasks (data.local.tasks) are graded by their tests on any data
     assert all(LOCAL_TASKS[t].data == "any" for t in tasks_for(shipped, stdlib=False) if t in LOCAL_TASKS)
     assert answer_score({"reference": "return x + 1\n"}, [" return x + 1"]) == {"exact": 1.0, "distinct": "return x + 1"}
     assert answer_score({"reference": "yes"}, ["no"])["exact"] == 0.0

@@ -9,7 +9,7 @@ import torch
 from pydantic import ValidationError
 
 from llmpipe.config import RewardName, RewardSpec
-from llmpipe.rl.rewards import REWARDS, compute_rewards, is_trivial_completion, trl_reward_functions
+from llmpipe.rl.rewards import REWARDS, TEST_REWARDS, compute_rewards, is_trivial_completion, trl_reward_functions
 
 PROMPT = 'def add(a, b, *, scale=1):\n    """Return (a + b) * scale."""'
 GOOD = "    return (a + b) * scale"
@@ -70,12 +70,13 @@ def test_trl_adapter_reads_conversations_and_names_functions():
 
 
 def test_params_know_exactly_the_registered_rewards():
-    assert set(get_args(RewardName)) == set(REWARDS)
+    assert set(get_args(RewardName)) == set(REWARDS) | set(TEST_REWARDS)
 
 
 def test_unknown_reward_name_is_an_error_listing_the_available_ones():
     with pytest.raises(ValidationError, match=r"name\n.*'python_parse' is neither a built-in reward \(python_parses, "
-                                              r"defines_function, uses_arguments, parsable_prefix\) nor an import path"):
+                                              r"defines_function, uses_arguments, parsable_prefix, tests_pass, tests_pass_all\) nor an "
+                                              r"import path"):
         RewardSpec(name="python_parse")
 
 

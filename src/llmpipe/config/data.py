@@ -46,6 +46,9 @@ class LocalSourceParams(Section):
     )
     sft: str | None = Field(None, description="SFT records in one of the shapes of `sft_format`.")
     preference: str | None = Field(None, description="Preference records in one of the shapes of `preference_format`.")
+    tasks: str | None = Field(None, description="Executable function tasks (prompt, entry_point, canonical_solution, "
+                              "tests: docs/tasks.md) instead of the generated ones, split by data.tasks' fractions; "
+                              "null = generated. Read with every data.source.")
     vlm: str | None = Field(None, description="Image question/answer records for `vlm`: a folder with train.jsonl "
                             "and validation.jsonl (test.jsonl optional), `messages` + `images` (llmpipe.data.image_records); "
                             "null = the synthetic shapes of data.images.")
@@ -195,6 +198,30 @@ class ImagesParams(Section):
     seed: int = Field(0, description="Seed of the drawing; same seed → same images.")
 
 
+class TasksParams(Section):
+    """The executable function tasks `prepare` writes to data/tasks and mixes into the SFT and preference data
+    (`llmpipe.data.tasks`): generated (seeded, offline) with the stdlib corpus, or a user's own (`data.local.tasks`,
+    with any source); users' own corpora get none of the generated Python tasks."""
+
+    enabled: bool = Field(True, description="false: no tasks; SFT, preference pairs and RL prompts are the corpus's alone.")
+    num_train: int = Field(2000, gt=0, description="Generated training tasks.")
+    num_validation: int = Field(100, gt=0, description="Generated validation tasks (held-out combinations).")
+    num_test: int = Field(200, gt=0, description="Generated test tasks (held-out combinations, none of validation's).")
+    num_tests: int = Field(5, gt=0, description="Hidden tests per generated task.")
+    held_out_fraction: float = Field(
+        0.2, gt=0, lt=1, description="Share of each family's operation pairs kept out of training (half for "
+        "validation, half for test); a user's tasks: the share of records held out, by hash."
+    )
+    sft_share: float = Field(
+        0.5, gt=0, le=1, description="Share of the SFT training rows (and so of the RL prompts) that are tasks: the "
+        "corpus's rows are subsampled to make it (1 = tasks only)."
+    )
+    preference_share: float = Field(
+        0.5, gt=0, le=1, description="Share of the preference training pairs that are tasks (chosen: the reference; "
+        "rejected: another constant, off by one, another operation); the corpus's pairs are subsampled to make it."
+    )
+
+
 class DataParams(Section):
     """The `prepare` stage: which corpus, and how it is split into train/validation/test (by document)."""
 
@@ -218,6 +245,7 @@ class DataParams(Section):
     hf_sft: HFSFTParams = HFSFTParams()
     hf_preference: HFPreferenceParams = HFPreferenceParams()
     images: ImagesParams = ImagesParams()
+    tasks: TasksParams = TasksParams()
     mixture: list[MixtureSourceParams] = Field([], description="Sources interleaved by weight (source: mixture).")
     validation_source: HFSourceParams | None = Field(
         None,

@@ -39,13 +39,15 @@ class GenerationParams(Section):
     suppress_tokens: list[int] = Field([], description="Token ids never generated.")
 
 
-RewardName = Literal["python_parses", "defines_function", "uses_arguments", "parsable_prefix"]
-"""The keys of `llmpipe.rl.rewards.REWARDS` (a test keeps the two equal). Spelled out here rather than imported,
+RewardName = Literal["python_parses", "defines_function", "uses_arguments", "parsable_prefix", "tests_pass",
+                     "tests_pass_all"]
+"""The keys of `llmpipe.rl.rewards.REWARDS` and `TEST_REWARDS` (a test keeps them equal). Spelled out here rather than imported,
 so that validating params does not import the reward code and editing it reruns only the stages that use it."""
 
-REWARD_KWARGS = ("prompts", "completions", "completion_ids", "name", "trainer_state", "log_extra", "log_metric")
+REWARD_KWARGS = ("prompts", "completions", "completion_ids", "name", "tests", "trainer_state", "log_extra",
+                 "log_metric")
 """The keyword arguments a reward function is called with: those TRL 1.16's `GRPOTrainer._calculate_rewards`
-passes (``name`` is the prompt dataset's column), and the ones the ppo stage passes too."""
+passes (``name`` and ``tests`` are the prompt dataset's columns), and the ones the ppo stage passes too."""
 
 
 def check_reward_function(path: str) -> None:
@@ -79,7 +81,8 @@ class RewardSpec(Section):
     name, or a user's function by import path (TRL's reward-function signature), checked when params load."""
 
     name: str = Field(
-        description="A built-in reward (python_parses, defines_function, uses_arguments, parsable_prefix) or a "
+        description="A built-in reward (python_parses, defines_function, uses_arguments, parsable_prefix, tests_pass: "
+        "the share of an executable task's hidden tests passed, tests_pass_all: 1 when all pass) or a "
         "user's function 'module.path:function' taking (prompts, completions, **kwargs) -> list[float]."
     )
     weight: float = Field(1.0, description="Multiplier of this reward in the sum.")

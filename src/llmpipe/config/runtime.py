@@ -51,6 +51,7 @@ EVAL_TASKS = (
     "llmpipe_sft_plain",
     "llmpipe_preference",
     "llmpipe_generation",
+    "llmpipe_tasks",
 )
 
 

@@ -142,8 +142,8 @@ def _rl(name: str, section: type[Section], description: str, *inputs: str, kl_un
 
 REGISTRY: dict[str, Stage] = {s.name: s for s in (
     Stage("prepare", "data", "Build train/validation/test datasets (pretraining text, SFT pairs, preference pairs, "
-          "eval sets).", loads_models=False, params=("paths", "data"),
-          outs=tuple(f"${{paths.data}}/{kind}" for kind in ("pretrain", "sft", "preference", "eval", "vlm"))),
+          "executable function tasks, eval sets).", loads_models=False, params=("paths", "data"),
+          outs=tuple(f"${{paths.data}}/{kind}" for kind in ("pretrain", "sft", "preference", "tasks", "eval", "vlm"))),
     Stage("tokenizer", "data", "Train a byte-level BPE tokenizer on the pretraining split (or load one).",
           inputs=("${paths.data}/pretrain",), params=("paths", "tokenizer", "model.init_from", "model.revision"),
           outs=("${paths.tokenizer}",)),

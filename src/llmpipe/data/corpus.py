@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmpipe.config import DataParams
-from llmpipe.data.splits import subsample
+from llmpipe.data.splits import SPLITS, subsample
 
-EVAL_SETS = ("perplexity", "signature_mc", "sft", "preference")
+EVAL_SETS = ("perplexity", "signature_mc", "sft", "preference", "tasks")
 """Files written under ``<paths.data>/eval/`` (``<name>.jsonl``); an empty one is skipped by the evaluator."""
 
 
@@ -21,6 +21,8 @@ class Corpus:
         sft: Chat rows ``{"messages": [user, assistant], "name", "source"}`` per split.
         preference: TRL conversational rows ``{"prompt", "chosen", "rejected", "corruption", "name", "source"}``,
             or TRL's unpaired ones ``{"prompt", "completion", "label", "name", "source"}`` (users' unpaired data).
+        tasks: Executable function tasks per split (`llmpipe.data.tasks`: ``prompt``, ``entry_point``,
+            ``canonical_solution``, ``tests``, ``source``); set by `llmpipe.data.tasks.mixing.add_tasks`.
         signature_mc: The docstring → signature multiple-choice eval set (stdlib only; empty otherwise).
         manifest: Provenance for ``pretrain/manifest.json``: ``source``, ``description``, ``num_files``,
             ``num_skipped_files``, ``content_sha256`` (hex). No absolute paths.
@@ -32,6 +34,7 @@ class Corpus:
     pretrain: dict[str, list[dict[str, Any]]]
     sft: dict[str, list[dict[str, Any]]]
     preference: dict[str, list[dict[str, Any]]]
+    tasks: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {s: [] for s in SPLITS})
     signature_mc: list[dict[str, Any]] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
     num_empty_responses: dict[str, int] = field(default_factory=lambda: {"sft": 0, "preference": 0})
@@ -42,7 +45,7 @@ def eval_sets(corpus: Corpus, data: DataParams) -> dict[str, list[dict[str, Any]
     """The evaluation sets, all from the test split, each at most `data.num_eval_examples` rows (seeded).
 
     Returns:
-        ``{"perplexity": [{"text"}], "signature_mc": [...], "sft": [...], "preference": [...]}``; perplexity
+        ``{"perplexity": [{"text"}], "signature_mc": [...], "sft": [...], "preference": [...], "tasks": [...]}``; perplexity
         documents are cut to `data.eval_max_chars_per_document` characters.
     """
     n, seed = data.num_eval_examples, data.seed
@@ -53,4 +56,5 @@ def eval_sets(corpus: Corpus, data: DataParams) -> dict[str, list[dict[str, Any]
         "sft": subsample(corpus.sft["test"], n, seed, "eval/sft"),
         # pairs only: unpaired rows (KTO's data) have no rejected answer beside a chosen one to compare
         "preference": subsample([r for r in corpus.preference["test"] if "chosen" in r], n, seed, "eval/preference"),
+        "tasks": subsample(corpus.tasks["test"], n, seed, "eval/tasks"),
     }

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import read_jsonl
 
 
-def load_split(path: Path, columns: tuple[str, ...], limit: int | None = None, optional: tuple[str, ...] = ()):
+def load_split(path: Path, columns: tuple[str, ...], limit: int | None = None, optional: tuple[str, ...] = (),
+               filled: dict[str, Any] | None = None):
     """Rows of a prepared jsonl split, keeping only `columns` (what TRL's trainers expect).
 
     Args:
@@ -17,6 +19,8 @@ def load_split(path: Path, columns: tuple[str, ...], limit: int | None = None, o
         limit: Keep at most this many rows (the first ones: prepare already shuffled by hash).
         optional: Columns kept when the first row has them, and then required in every row (e.g. a
             per-pair ``margin``).
+        filled: Columns kept in every row, given this value where a row lacks them (the ``tests`` of the task rows
+            among the SFT rows of a corpus, which have none).
 
     Returns:
         A `datasets.Dataset` held in memory (no cache files).
@@ -40,4 +44,6 @@ def load_split(path: Path, columns: tuple[str, ...], limit: int | None = None, o
                             "chosen, rejected) for the other methods and the reward stage, and rerun prepare")
         if missing:
             raise UserError(f"{path}:{lineno}: missing column(s) {missing}; expected {list(columns)}")
-    return Dataset.from_list([{c: row[c] for c in columns} for row in rows])
+    filled = filled or {}
+    return Dataset.from_list([{c: row[c] for c in columns} | {c: row.get(c, v) for c, v in filled.items()}
+                              for row in rows])  # fmt: skip

@@ -92,3 +92,10 @@ def render_preference(row: Row, tokenizer) -> Row:
         "label": 0,
         "corruption": row.get("corruption"),
     }
+
+
+def render_task(row: Row, tokenizer) -> Row:
+    """``{"context": chat prompt, "prompt", "name": entry point, "tests"}`` of an executable task (`data/eval/tasks.jsonl`):
+    the prompt as the one user turn, as the task's SFT row has it."""
+    return {"context": _chat_prompt([{"role": "user", "content": row["prompt"]}], tokenizer), "prompt": row["prompt"],
+            "name": row["entry_point"], "tests": list(row["tests"])}

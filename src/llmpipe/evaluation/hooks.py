@@ -47,6 +47,25 @@ def generation_score(doc: dict[str, Any], results: list[str]) -> dict[str, float
     }
 
 
+def tests_pass(doc: dict[str, Any], results: list[str]) -> dict[str, Any]:
+    """Score one greedy body of the `llmpipe_tasks` task by running it against the task's tests in the sandbox.
+
+    Args:
+        doc: The rendered document: ``prompt`` (def line and docstring) and ``tests`` (statements).
+        results: lm-eval's one generated string (up to the stop string, which is not included).
+
+    Returns:
+        ``pass_at_1``: 1.0 when every test passed; ``tests_pass``: the share of tests passed; ``distinct``: the
+        body without surrounding whitespace, for :func:`distinct_share`.
+    """
+    from llmpipe.core.sandbox import run_program
+    from llmpipe.data.tasks.records import program_of
+
+    outcome = run_program(program_of(doc["prompt"], results[0]), doc["tests"])
+    return {"pass_at_1": float(outcome.total > 0 and outcome.passed == outcome.total),
+            "tests_pass": outcome.fraction, "distinct": results[0].strip()}
+
+
 def answer_score(doc: dict[str, Any], results: list[str]) -> dict[str, Any]:
     """Score one greedy answer to a held-out prompt of users' own data (the `llmpipe_answers` task).
 

@@ -36,6 +36,7 @@ from llmpipe.evaluation.documents import (
     render_sft_chat,
     render_sft_plain,
     render_signature_mc,
+    render_task,
 )
 
 
@@ -201,6 +202,23 @@ LOCAL_TASKS: dict[str, LocalTask] = {
             {"doc_to_text": "context", "doc_to_target": "name"},
             "llmpipe.evaluation.hooks.generation_score",
             data="stdlib",
+        ),
+        LocalTask(
+            "llmpipe_tasks",
+            "tasks.jsonl",
+            "generate_until",
+            "Given a held-out executable task's signature and docstring (an operation pair never seen in training) in "
+            "the chat format, the model writes the body (greedy, up to eval.max_new_tokens), run against the task's "
+            "hidden tests in a sandboxed process: pass_at_1: share of tasks whose body passes every test; tests_pass: "
+            "mean share of each task's tests passed; distinct: share of distinct bodies.",
+            (
+                Metric("pass_at_1", "mean", True),
+                Metric("tests_pass", "mean", True),
+                Metric("distinct", FunctionRef("llmpipe.evaluation.hooks.distinct_share"), True),
+            ),
+            render_task,
+            {"doc_to_text": "context", "doc_to_target": "name"},
+            "llmpipe.evaluation.hooks.tests_pass",
         ),
         LocalTask(
             "llmpipe_answers",

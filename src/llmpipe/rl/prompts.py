@@ -28,13 +28,15 @@ class Prompts:
     """The requested function name of each prompt."""
     ids: list[list[int]]
     """:attr:`turns` rendered with the chat template and its generation prompt, as token ids."""
+    tests: list[list[str]]
+    """The hidden tests of each prompt's executable task (``[]`` for a row without: a stdlib function)."""
 
 
 def load_prompts(path: Path, tokenizer, max_prompt_tokens: int, limit: int | None, budget: str) -> Prompts:
     """The prompts (:func:`prompt_turns`) of a prepared SFT split, rendered with ``add_generation_prompt=True``.
 
     Args:
-        path: ``data/sft/<split>.jsonl`` (rows with ``messages`` and ``name``).
+        path: ``data/sft/<split>.jsonl`` (rows with ``messages`` and ``name``; the task rows with ``tests``).
         tokenizer: The pipeline tokenizer (its chat template adds bos and the role tokens).
         max_prompt_tokens: Longer rendered prompts are skipped (they leave no room for the completion).
         limit: Keep at most this many prompts (after skipping); None = all.
@@ -44,9 +46,9 @@ def load_prompts(path: Path, tokenizer, max_prompt_tokens: int, limit: int | Non
         UserError: The file is missing or malformed, a row has no user turn, or no prompt fits
             `max_prompt_tokens`.
     """
-    rows = load_split(path, ("messages", "name"))
-    prompts = Prompts([], [], [])
-    for line, (messages, name) in enumerate(zip(rows["messages"], rows["name"]), start=1):
+    rows = load_split(path, ("messages", "name"), filled={"tests": []})
+    prompts = Prompts([], [], [], [])
+    for line, (messages, name, tests) in enumerate(zip(rows["messages"], rows["name"], rows["tests"]), start=1):
         try:
             turns = prompt_turns(messages)
         except ValueError:
@@ -57,10 +59,11 @@ def load_prompts(path: Path, tokenizer, max_prompt_tokens: int, limit: int | Non
             prompts.turns.append(turns)
             prompts.names.append(name)
             prompts.ids.append(tokens)
+            prompts.tests.append(list(tests or []))
     if not prompts.ids:
         raise UserError(f"{path}: no prompt fits in {max_prompt_tokens} tokens ({budget}); raise it")
     log.info("%s: %d of %d prompts fit in %d tokens", path, len(prompts.ids), len(rows), max_prompt_tokens)
-    return Prompts(prompts.turns[:limit], prompts.names[:limit], prompts.ids[:limit])
+    return Prompts(prompts.turns[:limit], prompts.names[:limit], prompts.ids[:limit], prompts.tests[:limit])
 
 
 class IndexStream:

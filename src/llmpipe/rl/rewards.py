@@ -7,6 +7,11 @@ Every reward maps one (prompt, completion, name) to a float in [0, 1]; params pi
 weight (``rewards: [{name: python_parses, weight: 1.0}, ...]``), beside users' own functions by import path
 (``{name: "mypkg.rewards:exact_answer"}``, TRL's reward-function signature), and :func:`compute_rewards` sums them.
 
+`tests_pass` (and `tests_pass_all`, all or nothing) runs the program against the hidden tests of an executable
+task (the ``tests`` column the task rows carry, :mod:`llmpipe.data.tasks`) in the sandbox
+(:mod:`llmpipe.core.sandbox`, a process per program on a pool sized to the cores): the share of tests passed; 0.0
+on a prompt without tests (a stdlib function). It logs the share of programs that timed out or crashed.
+
 `parsable_prefix` is graded (the share of the completion's lines that still parse) so that a policy which
 rarely writes a whole valid body still gets a learning signal: all-equal rewards in a group give GRPO a zero
 advantage and no gradient.
@@ -20,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmpipe.core.errors import UserError
 from llmpipe.core.imports import import_object
+from llmpipe.data.tasks.records import program_of
 
 if TYPE_CHECKING:
     import torch
@@ -36,10 +42,6 @@ def _parse(source: str) -> ast.Module | None:
         return ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-
-
-def _program(prompt: str, completion: str) -> str:
-    return prompt.rstrip("\n") + "\n" + completion.rstrip() + "\n"
 
 
 def _find_function(tree: ast.Module, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
@@ -67,7 +69,7 @@ def _is_trivial(stmt: ast.stmt) -> bool:
 
 def _defined(prompt: str, completion: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     """The requested function when the program parses and its body does something, else None."""
-    tree = _parse(_program(prompt, completion))
+    tree = _parse(program_of(prompt, completion))
     fn = _find_function(tree, name) if tree is not None else None
     if fn is None or all(_is_trivial(s) for s in fn.body):
         return None
@@ -76,7 +78,7 @@ def _defined(prompt: str, completion: str, name: str) -> ast.FunctionDef | ast.A
 
 def python_parses(prompt: str, completion: str, name: str) -> float:
     """1.0 when ``prompt + completion`` is valid Python, else 0.0."""
-    return float(_parse(_program(prompt, completion)) is not None)
+    return float(_parse(program_of(prompt, completion)) is not None)
 
 
 def defines_function(prompt: str, completion: str, name: str) -> float:
@@ -112,7 +114,7 @@ def parsable_prefix(prompt: str, completion: str, name: str) -> float:
     if not content or is_trivial_completion(prompt, completion, name):
         return 0.0
     for k in range(len(content), 0, -1):
-        if _parse(_program(prompt, "\n".join(lines[: content[k - 1] + 1]))) is not None:
+        if _parse(program_of(prompt, "\n".join(lines[: content[k - 1] + 1]))) is not None:
             return k / len(content)
     return 0.0
 
@@ -126,10 +128,41 @@ REWARDS: dict[str, RewardFn] = {
 """Reward functions by the name params use."""
 
 
+def _tests_reward(label: str, all_or_nothing: bool) -> Callable[..., list[float]]:
+    """A TRL reward function running each completion against its prompt's ``tests`` (module docstring)."""
+
+    def reward(prompts: list[Any], completions: list[Any], tests: list[list[str]] | None = None,
+               log_metric: Callable[[str, float], None] | None = None, **_: Any) -> list[float]:
+        from llmpipe.core.sandbox import run_many
+
+        tests = tests if tests is not None else [[]] * len(prompts)
+        jobs = [(i, program_of(_text(p), _text(c)), list(t)) for i, (p, c, t) in
+                enumerate(zip(prompts, completions, tests)) if t]  # fmt: skip
+        outcomes = run_many([(program, t) for _, program, t in jobs])
+        values = [0.0] * len(prompts)
+        for (i, _, _), outcome in zip(jobs, outcomes):
+            values[i] = float(outcome.passed == outcome.total) if all_or_nothing else outcome.fraction
+        if log_metric is not None and outcomes:
+            for status, label in (("timeout", "timeouts"), ("crash", "crashes")):
+                log_metric(f"sandbox/{label}", sum(o.status == status for o in outcomes) / len(outcomes))
+        return values
+
+    reward.__name__ = label
+    return reward
+
+
+TEST_REWARDS: dict[str, Callable[..., list[float]]] = {
+    "tests_pass": _tests_reward("tests_pass", all_or_nothing=False),
+    "tests_pass_all": _tests_reward("tests_pass_all", all_or_nothing=True),
+}
+"""The rewards that run a task's tests, by the name params use: TRL reward functions (they need the ``tests``
+column, and run a batch at once on the sandbox's pool)."""
+
+
 def is_trivial_completion(prompt: str, completion: str, name: str) -> bool:
     """Whether the program parses but the function does nothing (every statement `pass`, a constant, a bare
     name or attribute, or `raise NotImplementedError`): a reward-hacking check."""
-    tree = _parse(_program(prompt, completion))
+    tree = _parse(program_of(prompt, completion))
     fn = _find_function(tree, name) if tree is not None else None
     return fn is not None and all(_is_trivial(s) for s in fn.body)
 
@@ -140,6 +173,7 @@ def compute_rewards(
     completions: Sequence[str],
     names: Sequence[str],
     completion_ids: Sequence[list[int]] | None = None,
+    tests: Sequence[list[str]] | None = None,
 ) -> torch.Tensor:
     """Weighted sum of the reward functions for each completion, each called as TRL's GRPOTrainer calls it.
 
@@ -151,6 +185,8 @@ def compute_rewards(
             "content": …}]`` when the prompts are conversations, as TRL passes them.
         names: The requested function name of each prompt (the ``name`` column; qualified names allowed).
         completion_ids: The generated token ids of each completion (TRL's ``completion_ids``); None = empty.
+        tests: Each prompt's hidden tests (the task rows' ``tests`` column, ``[]`` for a stdlib function); None =
+            none (the test rewards then score 0).
 
     Returns:
         float32 tensor of shape (batch,): ``sum(weight * reward)``.
@@ -162,12 +198,13 @@ def compute_rewards(
     import torch
 
     n = len(prompts)
-    if not n == len(completions) == len(names) or (completion_ids is not None and len(completion_ids) != n):
+    if not n == len(completions) == len(names) or any(x is not None and len(x) != n for x in (completion_ids, tests)):
         raise ValueError(f"{n} prompts, {len(completions)} completions and {len(names)} names differ")
     chat = bool(n) and not isinstance(prompts[0], str)
     shaped = [[{"role": "assistant", "content": c}] for c in completions] if chat else list(completions)
     kwargs = {"prompts": list(prompts), "completions": shaped, "name": list(names), "trainer_state": None,
               "completion_ids": [list(c) for c in completion_ids] if completion_ids is not None else [[]] * n,
+              "tests": [list(t) for t in tests] if tests is not None else [[]] * n,
               "log_extra": _ignore, "log_metric": _ignore}  # fmt: skip
     functions, weights = trl_reward_functions(specs)
     totals = torch.zeros(n, dtype=torch.float32)
@@ -195,7 +232,7 @@ def trl_reward_functions(specs: Sequence[RewardSpec]) -> tuple[list[Callable[...
     A built-in becomes a function that takes TRL's ``prompts`` and ``completions`` (plain or conversational)
     and the dataset's ``name`` column, and returns one float per completion; its ``__name__`` is the reward's,
     which TRL uses to label the logged ``rewards/<name>/mean``. A user's ``module:function`` is imported and
-    returned as it is (params validation checked that TRL's call binds to it).
+    returned as it is (params validation checked that TRL's call binds to it), as are :data:`TEST_REWARDS`.
     """
 
     def adapt(label: str, fn: RewardFn) -> Callable[..., list[float]]:
@@ -205,5 +242,10 @@ def trl_reward_functions(specs: Sequence[RewardSpec]) -> tuple[list[Callable[...
         reward.__name__ = label
         return reward
 
-    functions = [adapt(s.name, REWARDS[s.name]) if s.name in REWARDS else import_object(s.name) for s in specs]
+    def function(name: str) -> Callable[..., list[float]]:
+        if name in REWARDS:
+            return adapt(name, REWARDS[name])
+        return TEST_REWARDS[name] if name in TEST_REWARDS else import_object(name)
+
+    functions = [function(s.name) for s in specs]
     return functions, [s.weight for s in specs]

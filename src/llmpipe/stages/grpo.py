@@ -89,7 +89,8 @@ def prompt_dataset(path: Path, tokenizer, max_length: int, limit: int | None = N
         key: The params key of `max_length`, named when no prompt fits.
 
     Returns:
-        A `datasets.Dataset` with columns ``prompt`` (the turns up to the first user turn) and ``name``.
+        A `datasets.Dataset` with columns ``prompt`` (the turns up to the first user turn), ``name`` and ``tests``
+        (an executable task's hidden tests, ``[]`` for a stdlib function; TRL passes both to the reward functions).
 
     Raises:
         UserError: The file is missing or malformed, a row has no user turn, or no prompt fits `max_length`.
@@ -97,7 +98,7 @@ def prompt_dataset(path: Path, tokenizer, max_length: int, limit: int | None = N
     from datasets import Dataset
 
     prompts = load_prompts(path, tokenizer, max_length, limit, key)
-    return Dataset.from_dict({"prompt": prompts.turns, "name": prompts.names})
+    return Dataset.from_dict({"prompt": prompts.turns, "name": prompts.names, "tests": prompts.tests})
 
 
 def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
@@ -115,7 +116,9 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
         ``frac_zero_std_groups``: the mean share of groups whose rewards were all equal (TRL's
         ``frac_reward_zero_std``; with ``scale_rewards: batch`` TRL measures the whole batch instead), and
         ``frac_clipped``: the mean share of completions cut at ``grpo.generation.max_new_tokens`` before their eos
-        (TRL's ``completions/clipped_ratio``). Empty when no training step was logged.
+        (TRL's ``completions/clipped_ratio``), and with a test reward ``frac_sandbox_timeouts`` and
+        ``frac_sandbox_crashes`` (the mean share of programs killed at the sandbox's timeout, or that died). Empty
+        when no training step was logged.
     """
     rows = [r for r in log_history if "reward" in r]
     if not rows:
@@ -134,6 +137,10 @@ def rl_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
     clipped = [r["completions/clipped_ratio"] for r in rows if r.get("completions/clipped_ratio") is not None]
     if clipped:
         metrics["frac_clipped"] = statistics.fmean(clipped)
+    for status in ("timeouts", "crashes"):  # logged by the test rewards (llmpipe.rl.rewards.TEST_REWARDS)
+        shares = [r[f"sandbox/{status}"] for r in rows if r.get(f"sandbox/{status}") is not None]
+        if shares:
+            metrics[f"frac_sandbox_{status}"] = statistics.fmean(shares)
     kls = [r["kl"] for r in rows if r.get("kl") is not None]
     if kls:
         metrics["kl_final"] = first_last_tenths(kls).last

@@ -51,10 +51,11 @@ def samples(ppo, cfg, tokenizer):
         n = cfg.num_eval_prompts
         turns = ppo.valid.turns[:n]
         prompts = SamplePrompts([t[-1]["content"] for t in turns], ppo.valid.ids[:n], ppo.valid.names[:n])
+    tests = None if cfg.eval_prompts is not None else ppo.valid.tests[: cfg.num_eval_prompts]
 
     def generate(model, prompts: SamplePrompts) -> tuple[list[str], list[float]]:
         batch = ppo.generate(prompts.ids)
-        return batch.completions, ppo.score(batch, turns, prompts.names).tolist()
+        return batch.completions, ppo.score(batch, turns, prompts.names, tests).tolist()
 
     return prompts, generate
 

@@ -1,8 +1,9 @@
 """`prepare`: build the pretraining, SFT, preference and evaluation datasets under ``paths.data``.
 
-Writes ``<paths.data>/{pretrain,sft,preference,vlm}/{train,validation,test}.jsonl`` (vlm: with its images),
-``<paths.data>/pretrain/manifest.json`` (provenance) and ``<paths.data>/eval/{perplexity,signature_mc,sft,
-preference}.jsonl``. Everything is built in memory first, then each folder is written into a temporary
+Writes ``<paths.data>/{pretrain,sft,preference,tasks,vlm}/{train,validation,test}.jsonl`` (vlm: with its
+images; tasks: the executable function tasks of `data.tasks`, whose training and validation rows are also mixed
+into sft and preference: :mod:`llmpipe.data.tasks.mixing`), ``<paths.data>/pretrain/manifest.json`` (provenance)
+and ``<paths.data>/eval/{perplexity,signature_mc,sft,preference,tasks}.jsonl``. Everything is built in memory first, then each folder is written into a temporary
 sibling that replaces it in one rename, so a failed or killed run leaves the previous data as it was.
 The training documents of the pretraining text are deduplicated and decontaminated (`data.dedup`,
 :mod:`llmpipe.data.dedup`) after the split; `data.dedup.seen_hashes_path`, when set, is written last.
@@ -26,8 +27,10 @@ from llmpipe.data.corpus import EVAL_SETS, Corpus, eval_sets
 from llmpipe.data.corrupt import CORRUPTIONS
 from llmpipe.data.dedup import COUNTERS, Deduplicator, from_params
 from llmpipe.data.splits import SPLITS
+from llmpipe.data.tasks.mixing import CORRUPTIONS as TASK_CORRUPTIONS
+from llmpipe.data.tasks.mixing import add_tasks
 
-DATASETS = ("pretrain", "sft", "preference")
+DATASETS = ("pretrain", "sft", "preference", "tasks")
 """Folders with one ``<split>.jsonl`` per split."""
 
 FOLDERS = (*DATASETS, "eval")
@@ -41,7 +44,8 @@ def run(params: Params) -> dict[str, float]:
         DVC metrics (numbers, one level nested): ``python_major``, ``python_minor`` (the interpreter whose stdlib was
         read), ``num_files``, ``num_skipped_files``, ``content_hash_int`` (first 12 hex digits of the content sha256 as an int),
         ``num_documents_<split>``, ``num_sft_<split>``, ``num_preference_<split>``,
-        ``num_preference_<corruption>_train``, ``num_eval_<set>``, ``num_chars_train`` (it and
+        ``num_preference_<corruption>_train`` (the tasks' kinds too), ``num_tasks_<split>``, ``num_sft_tasks_train``
+        (task rows among the SFT training rows), ``num_eval_<set>``, ``num_chars_train`` (it and
         ``num_documents_train`` count after deduplication), ``num_dedup_kept``, ``num_dedup_dropped_exact``,
         ``num_dedup_dropped_near``, ``num_dedup_dropped_contaminated`` (training documents of the pretraining
         text; all kept when `data.dedup` compares nothing),
@@ -50,7 +54,8 @@ def run(params: Params) -> dict[str, float]:
         per pretraining source, its ``documents``, ``chars`` and ``truncated`` count (numbers, nested).
 
     Raises:
-        UserError: Bad data paths or contents, an input inside an output folder, too few documents (before or
+        UserError: Bad data paths or contents (a task record without tests or whose reference fails them), an input
+            inside an output folder, too few documents (before or
             after deduplication), or a `data.dedup.seen_hashes_path` made with other `data.dedup` params.
     """
     root = params.paths.out(params.paths.data)
@@ -65,6 +70,9 @@ def run(params: Params) -> dict[str, float]:
         use_validation_source(corpus, params.data)
     if params.data.source != "local" or params.data.local.pretrain is not None:  # null: nothing is pretrained
         _check_nonempty(corpus, data_key(params.data))
+    with phase("prepare", "added the executable function tasks") as shown:
+        corpus = add_tasks(corpus, params.data)
+        shown |= {split: len(rows) for split, rows in corpus.tasks.items()}
     with phase("prepare", "deduplicated and built the evaluation sets") as shown:
         corpus, counts = deduplicate(corpus, dedup, params.data.dedup)
         evals = eval_sets(corpus, params.data)
@@ -113,12 +121,12 @@ def build_corpus(data: DataParams) -> Corpus:
 
 def _check_inputs_outside(data: DataParams, root: Path) -> None:
     """Refuse inputs under a folder `prepare` replaces (they would be deleted by the write)."""
-    if data.source == "stdlib":  # users' data is read only with the other sources
-        return
-    inputs = {"data.local.pretrain": data.local.pretrain, "data.local.sft": data.local.sft,
-              "data.local.preference": data.local.preference, "data.hf_sft.dataset_name": data.hf_sft.dataset_name,
-              "data.hf_preference.dataset_name": data.hf_preference.dataset_name,
-              "data.dedup.seen_hashes_path": data.dedup.seen_hashes_path}
+    inputs = {"data.local.tasks": data.local.tasks}  # read with every source
+    if data.source != "stdlib":  # users' other data is read only with the other sources
+        inputs |= {"data.local.pretrain": data.local.pretrain, "data.local.sft": data.local.sft,
+                   "data.local.preference": data.local.preference, "data.hf_sft.dataset_name": data.hf_sft.dataset_name,
+                   "data.hf_preference.dataset_name": data.hf_preference.dataset_name,
+                   "data.dedup.seen_hashes_path": data.dedup.seen_hashes_path}
     if data.source == "hf":
         inputs["data.hf.dataset_name"] = data.hf.dataset_name
     if data.source == "mixture":
@@ -242,7 +250,9 @@ def metrics(corpus: Corpus, evals: dict[str, list[dict[str, Any]]], data: DataPa
         out[f"num_documents_{split}"] = len(corpus.pretrain[split])
         out[f"num_sft_{split}"] = len(corpus.sft[split])
         out[f"num_preference_{split}"] = len(corpus.preference[split])
-    for kind in CORRUPTIONS:
+        out[f"num_tasks_{split}"] = len(corpus.tasks[split])
+    out["num_sft_tasks_train"] = sum("tests" in r for r in corpus.sft["train"])
+    for kind in (*CORRUPTIONS, *TASK_CORRUPTIONS):
         out[f"num_preference_{kind}_train"] = sum(r.get("corruption") == kind for r in corpus.preference["train"])
     for name in EVAL_SETS:
         out[f"num_eval_{name}"] = len(evals[name])

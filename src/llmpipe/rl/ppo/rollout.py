@@ -133,9 +133,11 @@ class Rollout:
         )
 
     @torch.no_grad()
-    def score(self, batch: Batch, turns: list[list[dict[str, str]]], names: list[str]) -> Tensor:
+    def score(self, batch: Batch, turns: list[list[dict[str, str]]], names: list[str],
+              tests: list[list[str]] | None = None) -> Tensor:
         """Raw sequence scores ``(B,)``: the reward model's score of the last real token, plus the weighted
-        reward functions of the prompt's turns and the completion (called as GRPO's TRL calls them)."""
+        reward functions of the prompt's turns and the completion (called as GRPO's TRL calls them; `tests`: each
+        prompt's hidden tests, for the test rewards)."""
         scores = torch.zeros(len(turns), device=self.accelerator.device)
         if self.reward_model is not None:
             hidden = hidden_states(self.reward_model, batch.input_ids, batch.attention_mask)
@@ -143,7 +145,7 @@ class Rollout:
             scores += self.reward_model.score(hidden[torch.arange(len(turns)), last]).squeeze(-1).float()
         if self.cfg.rewards:
             ids = [r[m.bool()].tolist() for r, m in zip(batch.responses, batch.mask)]
-            scores += compute_rewards(self.cfg.rewards, turns, batch.completions, names, ids).to(scores.device)
+            scores += compute_rewards(self.cfg.rewards, turns, batch.completions, names, ids, tests).to(scores.device)
         return scores
 
     @torch.no_grad()
@@ -160,7 +162,8 @@ class Rollout:
             batch = self.generate([self.train.ids[i] for i in indices])
         generation_s = time.perf_counter() - start
         with acc.autocast():
-            raw = self.score(batch, [self.train.turns[i] for i in indices], [self.train.names[i] for i in indices])
+            raw = self.score(batch, [self.train.turns[i] for i in indices], [self.train.names[i] for i in indices],
+                             [self.train.tests[i] for i in indices])
             parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "entropy": [], "values": []}
             for s in chunks(len(indices), cfg.per_device_train_batch_size):
                 ids, am = batch.input_ids[s], batch.attention_mask[s]
@@ -217,7 +220,7 @@ class Rollout:
             torch.manual_seed(cfg.seed)
             for s in chunks(len(self.valid.ids), cfg.per_device_eval_batch_size):
                 batch = self.generate(self.valid.ids[s])
-                scores.append(self.score(batch, self.valid.turns[s], self.valid.names[s]))
+                scores.append(self.score(batch, self.valid.turns[s], self.valid.names[s], self.valid.tests[s]))
                 lengths.append(batch.mask.sum(1).float())
         return {
             "eval_reward": torch.cat(scores).mean().item(),
