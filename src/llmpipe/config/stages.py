@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmpipe.config.curves import BARE, PPO, TRAINER, TRL_RL, Curves
-from llmpipe.config.rl import GroupParams, GRPOParams, PPOParams, RLOOParams
+from llmpipe.config.rl import SELECTION_REWARD, GroupParams, GRPOParams, PPOParams, RLOOParams
 from llmpipe.config.section import Section
 from llmpipe.config.training import DPOParams, PretrainParams, RewardParams, SFTParams
 from llmpipe.config.vlm import VLMParams
@@ -60,7 +60,8 @@ class Stage:
         inputs: What the stage reads, as dvc.yaml writes its non-code deps (``${paths.data}/sft``); a training
             run's checkpoint fingerprint hashes them (:func:`input_paths`).
         output: The model folder a training stage writes (``${paths.models}/<name>``), else None.
-        best_metric: The validation metric whose best checkpoint is kept, and whether higher is better.
+        best_metric: The validation metric whose best checkpoint is kept, and whether higher is better (an RL
+            stage rewarded by running the tasks' tests keeps the best by that reward: :func:`best_metric`).
         one_process: Why the stage cannot run under a multi-process strategy yet; None when it can.
         loads_models: Whether it loads model or tokenizer folders (``--trust-remote-code`` applies).
         kl_unit: For an RL stage, the unit of its ``kl_final`` metric (the report prints it); what makes a stage
@@ -193,9 +194,9 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
           params=("paths", "model.attn_implementation", "data.source", "eval.tasks", "eval.task_options",
                   "eval.limit", "eval.batch_size", "eval.max_length", "eval.max_new_tokens"),
           outs=("${paths.logs}/evaluate/${item.model}/answers.jsonl",)),  # greedy answers, side by side on the card
-    # the report also reads the keys its stages' inputs are templated by (ppo.policy: where ppo started), which
-    # `report_params` adds before `report`
-    Stage("report", "report", "The report card reports/report.{md,html}: checks, costs, results across stages, "
+    # the report also reads the keys its stages' inputs are templated by (ppo.policy: where ppo started) and the
+    # RL stages' kl_target (ppo's KL check), which `report_params` adds before `report`
+    Stage("report", "report", "The report card reports/report.{md,html}: checks, results across stages, "
           "figures, per-stage statistics, provenance; metrics/headline.json.", loads_models=False,
           # data.source: the words and checks that fit the data; pretrain.enabled false: sft starts from the baseline
           params=("paths", "data.source", "pretrain.enabled", "eval.models", "eval.tasks", "eval.limit", "report"),
@@ -259,9 +260,21 @@ def templated_keys() -> tuple[str, ...]:
 
 
 def report_params() -> tuple[str, ...]:
-    """The report's params: its own, with :func:`templated_keys` before its ``report`` section."""
+    """The report's params: its own, with :func:`templated_keys` and the ``kl_target`` of every RL stage whose
+    section has one (its KL check) before its ``report`` section."""
     *own, last = REGISTRY["report"].params
-    return (*own, *templated_keys(), last)
+    targets = (f"{name}.kl_target" for name in RL_TASKS if "kl_target" in REGISTRY[name].section.model_fields)
+    return (*own, *templated_keys(), *targets, last)
+
+
+def best_metric(name: str, section: Section) -> tuple[str, bool]:
+    """The validation metric whose best checkpoint stage `name` keeps, and whether higher is better: for an RL
+    stage whose rewards (`section.rewards`) list :data:`~llmpipe.config.rl.SELECTION_REWARD`, that reward's mean
+    on the validation prompts (``eval_rewards/<name>/mean``, as TRL's GRPO and RLOO log it and the ppo stage
+    does too); else the registry's :attr:`Stage.best_metric`."""
+    if REGISTRY[name].rl and any(spec.name == SELECTION_REWARD for spec in getattr(section, "rewards", ())):
+        return f"eval_rewards/{SELECTION_REWARD}/mean", True
+    return REGISTRY[name].best_metric
 
 
 def resolve_template(template: str, params: Any) -> str:
