@@ -65,7 +65,8 @@ class Stage:
         one_process: Why the stage cannot run under a multi-process strategy yet; None when it can.
         loads_models: Whether it loads model or tokenizer folders (``--trust-remote-code`` applies).
         kl_unit: For an RL stage, the unit of its ``kl_final`` metric (the report prints it); what makes a stage
-            RL (:attr:`rl`): its reward-gain check, its RL figure and table row, its reward in the headline.
+            RL (:attr:`rl`): its RL figure and table row, its reward in the headline, its best checkpoint by a
+            validation reward.
         adapters: Whether the stage's section inherits ``train.peft`` (a fine-tuning stage: adapters apply).
         hf_trainer: Whether a training stage trains through the HF Trainer (or a TRL trainer on it), so every
             `TrainingArguments` switch acts (``use_liger_kernel``); False for a loop of its own (ppo).
@@ -74,8 +75,8 @@ class Stage:
         grouped: Whether it samples a group of ``num_generations`` completions per prompt (GRPO's family; an RL
             stage whose section is a `GroupParams` is): a group must fit one generation round and one evaluation
             batch, and a checkpoint fall between rounds.
-        verifiable: Whether an RL stage trains on verifiable rewards: its generation score must beat sft's (a
-            check) and the headline adds it with its share of distinct bodies.
+        verifiable: Whether an RL stage trains on verifiable rewards: the headline adds its generation score and
+            share of distinct bodies.
         headline: Its numbers in ``metrics/headline.json`` (an RL stage's come from :func:`_rl`).
         params: The params sections and keys it reads (dvc.yaml's ``params:``; a training stage's by default:
             :func:`training_params`).
@@ -233,13 +234,14 @@ DISTRIBUTED_TASKS = of_kind("training", "hand")
 """Tasks that run under `distributed:` params (re-launched under `accelerate launch` when it asks for it)."""
 
 RL_TASKS = tuple(name for name, s in REGISTRY.items() if s.rl)
-"""The RL stages: a reward-gain check each, an RL figure and table row, the reward in the headline."""
+"""The RL stages: an RL figure and table row (the training reward shown, not checked), the reward in the headline,
+the post-training checks on the tasks against their policy (`llmpipe.evaluation.task_checks`)."""
 
 GROUPED_TASKS = tuple(name for name, s in REGISTRY.items() if s.grouped)
 """Stages that sample a group of completions per prompt (the group-size rules of `llmpipe.config.params`)."""
 
 VERIFIABLE_TASKS = tuple(name for name, s in REGISTRY.items() if s.rl and s.verifiable)
-"""RL stages on verifiable rewards: each has the generation-score check against sft."""
+"""RL stages on verifiable rewards: each has its generation score and distinct share in the headline."""
 
 EVALUATED_BY_DEFAULT = tuple(name for name, s in REGISTRY.items() if s.evaluated)
 """The default ``eval.models``: every model lm-eval runs on unless params say otherwise."""

@@ -48,8 +48,9 @@ def not_run_section(not_run: dict[str, str]) -> list[str]:
 def checks_section(checks: list[Check]) -> list[str]:
     """Every check, one line each: ✓ passed, ✗ failed, – skipped (and why)."""
     note = ("Each post-training stage is checked on the held-out executable tasks against the model it started "
-            "from: pass@1 up, distinct answers not down, held-out bits per byte kept (and ppo's KL to its "
-            "reference near its target). A rising training reward is shown under RL stages, not checked.")
+            "from: pass@1 up, distinct answers not down, held-out bits per byte kept (and, for an RL stage with a "
+            "KL target, its KL to the reference within twice that target). A rising training reward is shown under "
+            "RL stages, not checked.")
     return ["## Checks", "", note, "", *(f"- {MARKS[c.passed]} {c.claim}: {c.detail}" for c in checks), ""]
 
 
