@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from llmpipe.evaluation import checks, task_checks
-from llmpipe.report.card import reward_rise
 from llmpipe.report import figures, page, plots_page, provenance
+from llmpipe.report.card import reward_rise
 from llmpipe.report.headline import headline
 
 
