@@ -133,11 +133,16 @@ class Rollout:
         )
 
     @torch.no_grad()
-    def score(self, batch: Batch, turns: list[list[dict[str, str]]], names: list[str]
-              ) -> tuple[Tensor, list[tuple[str, Tensor]]]:
+    def score(self, batch: Batch, turns: list[list[dict[str, str]]], names: list[str]) -> Tensor:
         """Raw sequence scores ``(B,)``: the reward model's score of the last real token, plus the weighted
-        reward functions of the prompt's turns and the completion (called as GRPO's TRL calls them); and each
-        reward function's own unweighted values ``(B,)`` with its label (`llmpipe.rl.rewards.reward_values`)."""
+        reward functions of the prompt's turns and the completion (called as GRPO's TRL calls them)."""
+        return self.score_parts(batch, turns, names)[0]
+
+    @torch.no_grad()
+    def score_parts(self, batch: Batch, turns: list[list[dict[str, str]]], names: list[str]
+                    ) -> tuple[Tensor, list[tuple[str, Tensor]]]:
+        """:meth:`score`, and each reward function's own unweighted values ``(B,)`` with its label
+        (`llmpipe.rl.rewards.reward_values`)."""
         scores = torch.zeros(len(turns), device=self.accelerator.device)
         if self.reward_model is not None:
             hidden = hidden_states(self.reward_model, batch.input_ids, batch.attention_mask)
@@ -163,7 +168,7 @@ class Rollout:
             batch = self.generate([self.train.ids[i] for i in indices])
         generation_s = time.perf_counter() - start
         with acc.autocast():
-            raw, _ = self.score(batch, [self.train.turns[i] for i in indices], [self.train.names[i] for i in indices])
+            raw = self.score(batch, [self.train.turns[i] for i in indices], [self.train.names[i] for i in indices])
             parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "entropy": [], "values": []}
             for s in chunks(len(indices), cfg.per_device_train_batch_size):
                 ids, am = batch.input_ids[s], batch.attention_mask[s]
@@ -221,7 +226,7 @@ class Rollout:
             torch.manual_seed(cfg.seed)
             for s in chunks(len(self.valid.ids), cfg.per_device_eval_batch_size):
                 batch = self.generate(self.valid.ids[s])
-                score, own = self.score(batch, self.valid.turns[s], self.valid.names[s])
+                score, own = self.score_parts(batch, self.valid.turns[s], self.valid.names[s])
                 scores.append(score)
                 parts.append(own)
                 lengths.append(batch.mask.sum(1).float())
