@@ -77,8 +77,8 @@ def test_an_rl_stage_rewarded_by_the_tasks_tests_keeps_the_best_checkpoint_by_th
         section = params.stage(name)
         assert registry.best_metric(name, section) == registry.REGISTRY[name].best_metric
         # built without validation: the reward itself is another module's (config.rl.RewardName lists it there)
-        rewarded = section.model_copy(update={"rewards": [*section.rewards,
-                                                          RewardSpec.model_construct(name=SELECTION_REWARD, weight=1.0)]})
+        tests_pass = RewardSpec.model_construct(name=SELECTION_REWARD, weight=1.0)
+        rewarded = section.model_copy(update={"rewards": [*section.rewards, tests_pass]})
         assert registry.best_metric(name, rewarded) == (f"eval_rewards/{SELECTION_REWARD}/mean", True)
     sft = params.stage("sft")
     assert registry.best_metric("sft", sft) == ("eval_loss", False)

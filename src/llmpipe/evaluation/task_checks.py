@@ -5,10 +5,10 @@ For every post-training stage (sft, dpo and every RL stage: the stages the repor
 model, among those evaluated by default in the registry) against its input model (sft: pretrain, or the baseline
 without pretraining; dpo: sft; an RL stage: its ``policy``):
 
-1. it raises held-out pass@1 (:data:`~llmpipe.evaluation.checks.TESTS_PASS`) by at least :data:`~llmpipe.evaluation.checks.MIN_MARGIN_SE`
-   standard errors of the difference;
-2. it does not collapse: its share of distinct held-out answers on the tasks (:data:`~llmpipe.evaluation.checks.TASK_DISTINCT`) is not
-   below its input's by more than :data:`~llmpipe.evaluation.checks.MIN_MARGIN_SE` standard errors (one answer
+1. it raises held-out pass@1 (:data:`~llmpipe.evaluation.checks.TESTS_PASS`) by at least
+   :data:`~llmpipe.evaluation.checks.MIN_MARGIN_SE` standard errors of the difference;
+2. it does not collapse: its share of distinct held-out answers on the tasks
+   (:data:`~llmpipe.evaluation.checks.TASK_DISTINCT`) is not below its input's by more than :data:`~llmpipe.evaluation.checks.MIN_MARGIN_SE` standard errors (one answer
    written for every prompt is reward hacking, not learning);
 3. it keeps held-out bits per byte within :data:`MAX_BPB_RISE` of its input's (the alignment tax);
 4. an RL stage with a KL target (ppo's ``kl_target``) ends within :data:`MAX_KL_TARGET_RATIO` × that target.
@@ -51,6 +51,11 @@ def _without_tasks(claim: str, metric: str, key: str, evals: Metrics) -> Check |
                    "tests, or llmpipe_tasks is not in eval.tasks)")
 
 
+def _moved(source: str, ref: float, stage: str, ours: float, noise: str) -> str:
+    """A check's detail: ``sft 0.300 → ppo 0.420 (+0.120, +2.5 s.e. of 0.048)``."""
+    return f"{source} {ref:.3f} → {stage} {ours:.3f} ({ours - ref:+.3f}{noise})"
+
+
 def pass_at_1_gain(evals: Metrics, stage: str, source: str) -> Check:
     """Check 1; its value is `stage` − `source` of :data:`TESTS_PASS` (passes by :data:`MIN_MARGIN_SE` s.e.)."""
     claim = (f"{stage} passes more held-out tasks than {source}, by at least {MIN_MARGIN_SE:g} standard errors "
@@ -61,7 +66,7 @@ def pass_at_1_gain(evals: Metrics, stage: str, source: str) -> Check:
         return _without_tasks(claim, metric, TESTS_PASS, evals) or skipped(claim, metric, pair)
     ours, ref = pair
     passed, noise = beyond_noise(ours - ref, stderr_of_difference(evals, TESTS_PASS, stage, source))
-    return Check(claim, metric, ours - ref, passed, f"{source} {ref:.3f} → {stage} {ours:.3f} ({ours - ref:+.3f}{noise})")
+    return Check(claim, metric, ours - ref, passed, _moved(source, ref, stage, ours, noise))
 
 
 def no_collapse(evals: Metrics, stage: str, source: str) -> Check:
@@ -79,7 +84,7 @@ def no_collapse(evals: Metrics, stage: str, source: str) -> Check:
     passed = drop <= 0 if not se else drop <= MIN_MARGIN_SE * se
     noise = ("; no standard error" if se is None else "; standard error 0" if se == 0
              else f", {-drop / se:+.1f} s.e. of {se:.3f}")
-    return Check(claim, metric, ours - ref, passed, f"{source} {ref:.3f} → {stage} {ours:.3f} ({ours - ref:+.3f}{noise})")
+    return Check(claim, metric, ours - ref, passed, _moved(source, ref, stage, ours, noise))
 
 
 def bpb_kept(evals: Metrics, stage: str, source: str) -> Check:
@@ -92,7 +97,8 @@ def bpb_kept(evals: Metrics, stage: str, source: str) -> Check:
         return skipped(claim, metric, pair)
     ours, ref = pair
     ratio = ours / ref
-    return Check(claim, metric, ratio, ratio <= 1 + MAX_BPB_RISE, f"{source} {ref:.3f} → {stage} {ours:.3f} (×{ratio:.3f})")
+    return Check(claim, metric, ratio, ratio <= 1 + MAX_BPB_RISE,
+                 f"{source} {ref:.3f} → {stage} {ours:.3f} (×{ratio:.3f})")
 
 
 def kl_within_target(stages: Metrics, stage: str, target: float) -> Check:
@@ -131,7 +137,7 @@ def run_task_checks(evals: Metrics, stages: Metrics, sources: dict[str, str], kl
     """
     found = []
     for stage, source in post_training(sources).items():
-        found += [pass_at_1_gain(evals, stage, source), no_collapse(evals, stage, source), bpb_kept(evals, stage, source)]
+        found += [check(evals, stage, source) for check in (pass_at_1_gain, no_collapse, bpb_kept)]
         if stage in kl_targets:
             found.append(kl_within_target(stages, stage, kl_targets[stage]))
     return found

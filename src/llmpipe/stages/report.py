@@ -47,7 +47,8 @@ def input_models(params: Params) -> dict[str, str]:
 def kl_targets(params: Params) -> dict[str, float]:
     """``{RL stage: its kl_target}`` for the RL stages whose section steers to one (ppo), in the unit of their
     ``kl_final`` (`llmpipe.config.stages.report_params` lists these keys among the report's params)."""
-    return {name: params.stage(name).kl_target for name in RL_TASKS if "kl_target" in REGISTRY[name].section.model_fields}
+    return {name: params.stage(name).kl_target for name in RL_TASKS
+            if "kl_target" in REGISTRY[name].section.model_fields}
 
 
 def render(params: Params, found: current.Found, checks: list[Check], links: dict[str, str],
