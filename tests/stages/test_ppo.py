@@ -254,6 +254,8 @@ def test_ppo_trains_logs_finite_losses_and_changes_every_parameter(workdir, tmp_
         assert all(math.isfinite(float(r[column])) for r in rows), column
     evals = list(csv.DictReader((tmp_path / "logs" / "ppo" / "eval.csv").open()))
     assert [int(r["step"]) for r in evals] == [4] and math.isfinite(float(evals[0]["eval_reward"]))
+    # each reward's own validation mean, under TRL's name: what an RL stage's best checkpoint can be chosen by
+    assert 0 <= float(evals[0]["eval_rewards/parsable_prefix/mean"]) <= 1
 
     before, after = _weights(workdir / "models" / "sft"), _weights(tmp_path / "models" / "ppo")
     assert before.keys() == after.keys()

@@ -376,7 +376,7 @@ def test_leftovers_of_a_killed_run_are_removed(tmp_path):
         (leftover / "train.jsonl").write_text("half a line")
     prepare.run(local(tmp_path, pretrain=str(docs)))
     assert not any(leftover.exists() for leftover in leftovers)
-    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["eval", "preference", "pretrain", "sft", "vlm"]
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["eval", "preference", "pretrain", "sft", "tasks", "vlm"]
 
 
 def test_validation_source_replaces_the_hash_split_and_sources_are_counted(tmp_path):

@@ -82,7 +82,7 @@ def test_card_of_a_users_run_shows_only_what_ran(users_run):
         assert f"- **{name}**: " in head, name
     for name in (*OWN_RUN, *(f"evaluate@{m}" for m in EVALUATED)):
         assert f"- **{name}**: " not in head, name
-    checks = [line for line in rest.split("## What post-training cost")[0].splitlines() if line.startswith("- ")]
+    checks = [line for line in rest.split("\n## ")[0].splitlines() if line.startswith("- ")]
     assert not [line for line in checks if line[2] in "✓✗" and any(s in line for s in ("ppo", "grpo", "reward"))]
     assert "DEFAULT-RUN-PPO" not in text
     table = rest.split("## Training stages")[1].split("\n## ")[0]
@@ -106,12 +106,12 @@ def test_card_of_a_users_run_grades_their_data(users_card):
         assert stdlib_words not in text, stdlib_words
     assert not any(k.startswith(("llmpipe_generation.", "llmpipe_signature_mc.")) for m in evals.values() for k in m)
     assert {"llmpipe_answers.exact", "llmpipe_answers.distinct"} <= evals["sft"].keys()
-    checks = text.split("## Checks")[1].split("## What post-training cost")[0]
+    checks = text.split("## Checks")[1].split("\n## ")[0]
     assert "dpo prefers the chosen response of held-out pairs more often than sft" in checks
     assert "sft's response bits per byte in the chat format is below baseline's" in checks
     assert "chat format: baseline " in checks  # it ran: the model sft started from was evaluated
     assert "skipped: pretrain.enabled is false" in checks
-    assert "skipped: no llmpipe_tasks.tests_pass (this data has no executable tasks with tests)" in checks
+    assert "skipped: no llmpipe_tasks.pass_at_1 in any evaluation (this data has no executable tasks" in checks
     answers = text.split("## Greedy answers")[1].split("\n## ")[0]
     shown = min(3, len((root / "data" / "eval" / "sft.jsonl").read_text().splitlines()))
     assert shown and answers.count("### Prompt ") == shown and "Add " in answers  # the user's held-out instructions

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -46,22 +47,43 @@ def test_input_paths_resolve_params_templates():
 
 
 @pytest.mark.parametrize("name", registry.RL_TASKS)
-def test_an_rl_stage_gets_its_check_headline_figure_and_evaluation_from_its_traits(name):
-    from llmpipe.evaluation.checks import run_checks
-    from llmpipe.stages.report import RL_KL_UNITS
+def test_an_rl_stage_gets_its_checks_headline_figure_and_evaluation_from_its_traits(name):
+    from llmpipe.evaluation.task_checks import run_task_checks
+    from llmpipe.stages.report import RL_KL_UNITS, input_models, kl_targets
 
-    assert f"check_{name}_reward_gain_se" in [c.metric for c in run_checks({}, {})]
+    params = parse_params({})
+    metrics = [c.metric for c in run_task_checks({}, {}, input_models(params), kl_targets(params))]
+    assert {f"check_{name}_pass1_delta", f"check_{name}_distinct_delta", f"check_{name}_bpb_ratio"} <= set(metrics)
+    assert f"check_{name}_reward_gain_se" not in metrics, "its own training reward is shown, never a check"
     assert (f"{name}_reward", "stage", name, "eval_reward") in registry.HEADLINE
     assert RL_KL_UNITS[name] == registry.REGISTRY[name].kl_unit  # its RL figure and the report's RL table
     assert name in EvalParams().models and registry.REGISTRY[name].best_metric == ("eval_reward", True)
+    has_target = "kl_target" in registry.REGISTRY[name].section.model_fields
+    assert (f"check_{name}_kl_ratio" in metrics) == has_target == (f"{name}.kl_target" in registry.report_params())
 
 
-def test_a_verifiable_rl_stage_gets_the_generation_check_and_headline():
-    from llmpipe.evaluation.checks import run_checks
-
+def test_a_verifiable_rl_stage_gets_the_generation_headline():
     for name in registry.VERIFIABLE_TASKS:
-        assert f"check_{name}_generation_score_delta" in [c.metric for c in run_checks({}, {})]
         assert {f"{name}_gen_score", f"{name}_distinct"} <= {key for key, *_ in registry.HEADLINE}
+
+
+def test_an_rl_stage_rewarded_by_the_tasks_tests_keeps_the_best_checkpoint_by_them():
+    from llmpipe.config import RewardSpec
+    from llmpipe.config.rl import SELECTION_REWARD
+    from llmpipe.train.arguments import training_kwargs
+
+    params = parse_params({})
+    for name in registry.RL_TASKS:
+        section = params.stage(name)
+        assert registry.best_metric(name, section) == registry.REGISTRY[name].best_metric
+        tests_pass = RewardSpec(name=SELECTION_REWARD, weight=1.0)
+        rewarded = section.model_copy(update={"rewards": [*section.rewards, tests_pass]})
+        assert registry.best_metric(name, rewarded) == (f"eval_rewards/{SELECTION_REWARD}/mean", True)
+    sft = params.stage("sft")
+    assert registry.best_metric("sft", sft) == ("eval_loss", False)
+    grpo = params.grpo.model_copy(update={"rewards": [RewardSpec.model_construct(name=SELECTION_REWARD, weight=1.0)]})
+    kwargs = training_kwargs(params.model_copy(update={"grpo": grpo}), "grpo", Path("run"))
+    assert (kwargs["metric_for_best_model"], kwargs["greater_is_better"]) == ("eval_rewards/tests_pass/mean", True)
 
 
 def test_a_section_with_rewards_is_an_rl_stage_and_a_group_section_is_grouped():

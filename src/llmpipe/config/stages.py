@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmpipe.config.curves import BARE, PPO, TRAINER, TRL_RL, Curves
-from llmpipe.config.rl import GroupParams, GRPOParams, PPOParams, RLOOParams
+from llmpipe.config.rl import SELECTION_REWARD, GroupParams, GRPOParams, PPOParams, RLOOParams
 from llmpipe.config.section import Section
 from llmpipe.config.training import DPOParams, PretrainParams, RewardParams, SFTParams
 from llmpipe.config.vlm import VLMParams
@@ -60,11 +60,13 @@ class Stage:
         inputs: What the stage reads, as dvc.yaml writes its non-code deps (``${paths.data}/sft``); a training
             run's checkpoint fingerprint hashes them (:func:`input_paths`).
         output: The model folder a training stage writes (``${paths.models}/<name>``), else None.
-        best_metric: The validation metric whose best checkpoint is kept, and whether higher is better.
+        best_metric: The validation metric whose best checkpoint is kept, and whether higher is better (an RL
+            stage rewarded by running the tasks' tests keeps the best by that reward: :func:`best_metric`).
         one_process: Why the stage cannot run under a multi-process strategy yet; None when it can.
         loads_models: Whether it loads model or tokenizer folders (``--trust-remote-code`` applies).
         kl_unit: For an RL stage, the unit of its ``kl_final`` metric (the report prints it); what makes a stage
-            RL (:attr:`rl`): its reward-gain check, its RL figure and table row, its reward in the headline.
+            RL (:attr:`rl`): its RL figure and table row, its reward in the headline, its best checkpoint by a
+            validation reward.
         adapters: Whether the stage's section inherits ``train.peft`` (a fine-tuning stage: adapters apply).
         hf_trainer: Whether a training stage trains through the HF Trainer (or a TRL trainer on it), so every
             `TrainingArguments` switch acts (``use_liger_kernel``); False for a loop of its own (ppo).
@@ -73,8 +75,8 @@ class Stage:
         grouped: Whether it samples a group of ``num_generations`` completions per prompt (GRPO's family; an RL
             stage whose section is a `GroupParams` is): a group must fit one generation round and one evaluation
             batch, and a checkpoint fall between rounds.
-        verifiable: Whether an RL stage trains on verifiable rewards: its generation score must beat sft's (a
-            check) and the headline adds it with its share of distinct bodies.
+        verifiable: Whether an RL stage trains on verifiable rewards: the headline adds its generation score and
+            share of distinct bodies.
         headline: Its numbers in ``metrics/headline.json`` (an RL stage's come from :func:`_rl`).
         params: The params sections and keys it reads (dvc.yaml's ``params:``; a training stage's by default:
             :func:`training_params`).
@@ -193,9 +195,9 @@ REGISTRY: dict[str, Stage] = {s.name: s for s in (
           params=("paths", "model.attn_implementation", "data.source", "eval.tasks", "eval.task_options",
                   "eval.limit", "eval.batch_size", "eval.max_length", "eval.max_new_tokens"),
           outs=("${paths.logs}/evaluate/${item.model}/answers.jsonl",)),  # greedy answers, side by side on the card
-    # the report also reads the keys its stages' inputs are templated by (ppo.policy: where ppo started), which
-    # `report_params` adds before `report`
-    Stage("report", "report", "The report card reports/report.{md,html}: checks, costs, results across stages, "
+    # the report also reads the keys its stages' inputs are templated by (ppo.policy: where ppo started) and the
+    # RL stages' kl_target (ppo's KL check), which `report_params` adds before `report`
+    Stage("report", "report", "The report card reports/report.{md,html}: checks, results across stages, "
           "figures, per-stage statistics, provenance; metrics/headline.json.", loads_models=False,
           # data.source: the words and checks that fit the data; pretrain.enabled false: sft starts from the baseline
           params=("paths", "data.source", "pretrain.enabled", "eval.models", "eval.tasks", "eval.limit", "report"),
@@ -232,13 +234,14 @@ DISTRIBUTED_TASKS = of_kind("training", "hand")
 """Tasks that run under `distributed:` params (re-launched under `accelerate launch` when it asks for it)."""
 
 RL_TASKS = tuple(name for name, s in REGISTRY.items() if s.rl)
-"""The RL stages: a reward-gain check each, an RL figure and table row, the reward in the headline."""
+"""The RL stages: an RL figure and table row (the training reward shown, not checked), the reward in the headline,
+the post-training checks on the tasks against their policy (`llmpipe.evaluation.task_checks`)."""
 
 GROUPED_TASKS = tuple(name for name, s in REGISTRY.items() if s.grouped)
 """Stages that sample a group of completions per prompt (the group-size rules of `llmpipe.config.params`)."""
 
 VERIFIABLE_TASKS = tuple(name for name, s in REGISTRY.items() if s.rl and s.verifiable)
-"""RL stages on verifiable rewards: each has the generation-score check against sft."""
+"""RL stages on verifiable rewards: each has its generation score and distinct share in the headline."""
 
 EVALUATED_BY_DEFAULT = tuple(name for name, s in REGISTRY.items() if s.evaluated)
 """The default ``eval.models``: every model lm-eval runs on unless params say otherwise."""
@@ -259,9 +262,21 @@ def templated_keys() -> tuple[str, ...]:
 
 
 def report_params() -> tuple[str, ...]:
-    """The report's params: its own, with :func:`templated_keys` before its ``report`` section."""
+    """The report's params: its own, with :func:`templated_keys` and the ``kl_target`` of every RL stage whose
+    section has one (its KL check) before its ``report`` section."""
     *own, last = REGISTRY["report"].params
-    return (*own, *templated_keys(), last)
+    targets = (f"{name}.kl_target" for name in RL_TASKS if "kl_target" in REGISTRY[name].section.model_fields)
+    return (*own, *templated_keys(), *targets, last)
+
+
+def best_metric(name: str, section: Section) -> tuple[str, bool]:
+    """The validation metric whose best checkpoint stage `name` keeps, and whether higher is better: for an RL
+    stage whose rewards (`section.rewards`) list :data:`~llmpipe.config.rl.SELECTION_REWARD`, that reward's mean
+    on the validation prompts (``eval_rewards/<name>/mean``, as TRL's GRPO and RLOO log it and the ppo stage
+    does too); else the registry's :attr:`Stage.best_metric`."""
+    if REGISTRY[name].rl and any(spec.name == SELECTION_REWARD for spec in getattr(section, "rewards", ())):
+        return f"eval_rewards/{SELECTION_REWARD}/mean", True
+    return REGISTRY[name].best_metric
 
 
 def resolve_template(template: str, params: Any) -> str:

@@ -207,10 +207,10 @@ LOCAL_TASKS: dict[str, LocalTask] = {
             "llmpipe_tasks",
             "tasks.jsonl",
             "generate_until",
-            "Given a held-out executable task's signature and docstring (an operation pair never seen in training) in "
-            "the chat format, the model writes the body (greedy, up to eval.max_new_tokens), run against the task's "
-            "hidden tests in a sandboxed process: pass_at_1: share of tasks whose body passes every test; tests_pass: "
-            "mean share of each task's tests passed; distinct: share of distinct bodies.",
+            "Given a held-out executable task's prompt in the chat format (on the default data, an operation pair "
+            "never seen in training), the model writes its code (greedy, up to eval.max_new_tokens), run against the "
+            "task's hidden tests in a sandboxed process: pass_at_1: share of tasks whose answer passes every test; "
+            "tests_pass: mean share of each task's tests passed; distinct: share of distinct answers.",
             (
                 Metric("pass_at_1", "mean", True),
                 Metric("tests_pass", "mean", True),

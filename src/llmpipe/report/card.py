@@ -1,4 +1,4 @@
-"""The report card's markdown: checks and costs, figures, per-stage statistics, RL drift, samples side by side,
+"""The report card's markdown: checks, figures, per-stage statistics, RL drift, samples side by side,
 provenance and the estimated cost. Tables of evaluation results come from :mod:`llmpipe.report.tables`."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from llmpipe.report.provenance import Provenance
 from llmpipe.report.tables import fmt, table
 
 MARKS = {True: "✓", False: "✗", None: "–"}
-COST_MARKS = {True: "ok", False: "⚠", None: "–"}
 
 FIGURE_CAPTIONS = {
     "loss": "Training loss (line) and validation loss (points) per stage",
@@ -46,14 +45,13 @@ def not_run_section(not_run: dict[str, str]) -> list[str]:
             ""]
 
 
-def checks_section(checks: list[Check], costs: list[Check]) -> list[str]:
-    lines = ["## Checks", ""]
-    lines += [f"- {MARKS[c.passed]} {c.claim}: {c.detail}" for c in checks]
-    lines += ["", "## What post-training cost", "",
-              "Held-out bits per byte of each post-training stage against its input model (the alignment tax) and "
-              "the RL stages' share of distinct answers; ⚠ marks a figure past the stated line.", ""]
-    lines += [f"- {COST_MARKS[c.passed]} {c.claim}: {c.detail}" for c in costs]
-    return [*lines, ""]
+def checks_section(checks: list[Check]) -> list[str]:
+    """Every check, one line each: ✓ passed, ✗ failed, – skipped (and why)."""
+    note = ("Each post-training stage is checked on the held-out executable tasks against the model it started "
+            "from: pass@1 up, distinct answers not down, held-out bits per byte kept (and, for an RL stage with a "
+            "KL target, its KL to the reference within twice that target). A rising training reward is shown under "
+            "RL stages, not checked.")
+    return ["## Checks", "", note, "", *(f"- {MARKS[c.passed]} {c.claim}: {c.detail}" for c in checks), ""]
 
 
 def figures_section(figures: dict[str, str]) -> list[str]:
@@ -102,9 +100,23 @@ def stages_section(stage_metrics: dict[str, dict[str, Any]], logs_dir: Path, not
     return ["## Training stages", "", note, "", *table(header, rows), ""]
 
 
+def reward_rise(m: dict[str, Any]) -> str:
+    """How far an RL stage's training reward rose, last 10% of steps over the first, in standard errors of the
+    difference; shown beside the checks, never one (a policy can raise its own reward without getting better)."""
+    if m.get("frac_zero_std_groups", 0.0) >= 1.0:  # GRPO's advantages all 0: loss and gradient 0 on every step
+        return "none: every group's rewards were equal on every step (no gradient)"
+    if "reward_first_se" not in m or "reward_last_se" not in m:  # one logged step per tenth: no spread (nan, dropped)
+        return "– (too few logged steps for a standard error)"
+    se = (m["reward_first_se"] ** 2 + m["reward_last_se"] ** 2) ** 0.5
+    gain = m.get("reward_last", m["reward_first"]) - m["reward_first"]
+    return f"{gain / se:+.1f} s.e." if se > 0 else f"{gain:+.3g} (standard error 0)"
+
+
 def rl_section(stage_metrics: dict[str, dict[str, Any]], kl_units: dict[str, str], stdlib: bool = True) -> list[str]:
-    """The RL stages' drift from where they started: reward, KL to the reference, response length."""
-    header = ["stage", "reward first 10%", "reward last 10%", "KL to reference (end)", "response tokens first → last"]
+    """The RL stages' drift from where they started: reward and its rise (:func:`reward_rise`), KL to the
+    reference, response length."""
+    header = ["stage", "reward first 10%", "reward last 10%", "rise", "KL to reference (end)",
+              "response tokens first → last"]
     rows = []
     for stage, kl_unit in kl_units.items():
         m = stage_metrics.get(stage)
@@ -114,17 +126,17 @@ def rl_section(stage_metrics: dict[str, dict[str, Any]], kl_units: dict[str, str
             stage,
             f"{fmt(m['reward_first'])} ± {fmt(m.get('reward_first_se'))}",
             f"{fmt(m.get('reward_last'))} ± {fmt(m.get('reward_last_se'))}",
+            reward_rise(m),
             f"{fmt(m.get('kl_final'))} {kl_unit}" if "kl_final" in m else "–",
             f"{fmt(m.get('response_length_first'))} → {fmt(m.get('response_length_last'))}",
         ])
     if not rows:
         return []
-    note = ("Reward hacking shows as reward up while the generation task's score stays flat, the share of trivial "
-            "bodies (llmpipe_generation.trivial) rises, the share of distinct bodies (llmpipe_generation.distinct) "
-            "falls (one body written for every prompt), or responses shrink or grow far from where they started."
-            if stdlib else "Reward hacking shows as reward up while the held-out answers do not get better (Greedy "
-            "answers, below), the share of distinct answers (llmpipe_answers.distinct) falls (one answer written for "
-            "every prompt), or responses shrink or grow far from where they started.")
+    note = ("The training reward is the stage's own: it can rise while the model gets no better at the tasks, so "
+            "it is shown, not checked (the checks above read held-out pass@1). Reward hacking shows as reward up "
+            "while pass@1 stays flat, the share of distinct answers falls (one answer written for every prompt)"
+            + (", the share of trivial bodies (llmpipe_generation.trivial) rises" if stdlib else "")
+            + ", or responses shrink or grow far from where they started.")
     return ["## RL stages", "", *table(header, rows), "", note, ""]
 
 

@@ -175,7 +175,25 @@ def compute_rewards(
     completion_ids: Sequence[list[int]] | None = None,
     tests: Sequence[list[str]] | None = None,
 ) -> torch.Tensor:
-    """Weighted sum of the reward functions for each completion, each called as TRL's GRPOTrainer calls it.
+    """Weighted sum of the reward functions for each completion (:func:`reward_values`): float32 tensor of shape
+    (batch,), ``sum(weight * reward)``; the arguments and errors are :func:`reward_values`'s."""
+    import torch
+
+    totals = torch.zeros(len(prompts), dtype=torch.float32)
+    for spec, (_, values) in zip(specs, reward_values(specs, prompts, completions, names, completion_ids, tests)):
+        totals += spec.weight * values
+    return totals
+
+
+def reward_values(
+    specs: Sequence[RewardSpec],
+    prompts: Sequence[Any],
+    completions: Sequence[str],
+    names: Sequence[str],
+    completion_ids: Sequence[list[int]] | None = None,
+    tests: Sequence[list[str]] | None = None,
+) -> list[tuple[str, torch.Tensor]]:
+    """Each reward function's values for each completion, unweighted, each called as TRL's GRPOTrainer calls it.
 
     Args:
         specs: Reward names or import paths and weights (params `rewards`).
@@ -189,7 +207,8 @@ def compute_rewards(
             none (the test rewards then score 0).
 
     Returns:
-        float32 tensor of shape (batch,): ``sum(weight * reward)``.
+        ``(label, values)`` per spec, in order: the label TRL logs it under (``rewards/<label>/mean``: the
+        function's ``__name__``) and a float32 tensor of shape (batch,).
 
     Raises:
         ValueError: The sequences differ in length.
@@ -206,15 +225,14 @@ def compute_rewards(
               "completion_ids": [list(c) for c in completion_ids] if completion_ids is not None else [[]] * n,
               "tests": [list(t) for t in tests] if tests is not None else [[]] * n,
               "log_extra": _ignore, "log_metric": _ignore}  # fmt: skip
-    functions, weights = trl_reward_functions(specs)
-    totals = torch.zeros(n, dtype=torch.float32)
-    for spec, fn, weight in zip(specs, functions, weights):
+    found = []
+    for spec, fn in zip(specs, trl_reward_functions(specs)[0]):
         values = fn(**kwargs)
         if len(values) != n or not all(isinstance(v, (int, float)) for v in values):
             raise UserError(f"reward function {spec.name} returned {values!r}: it must return one number per "
                             f"completion ({n} here)")  # fmt: skip
-        totals += weight * torch.tensor(values, dtype=torch.float32)
-    return totals
+        found.append((getattr(fn, "__name__", spec.name), torch.tensor(values, dtype=torch.float32)))
+    return found
 
 
 def _ignore(*_: Any, **__: Any) -> None:

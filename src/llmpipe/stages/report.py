@@ -6,8 +6,9 @@ Reads ``<paths.metrics>/eval/<model>.json`` for every model in ``eval.models``, 
 the earlier stages where present, their per-step logs ``<paths.logs>/<stage>/`` and ``dvc.lock``, and uses only the
 metrics of the current params and inputs (:mod:`llmpipe.report.current`): every other stage and evaluation is shown
 as not run, at the top of the card, and has no check, row, figure, sample or headline number. Writes every
-file atomically: the checks and what post-training cost (:mod:`llmpipe.evaluation.checks`), the results across
-stages, figures, per-stage statistics, samples, provenance and the estimated cost.
+file atomically: the checks (:mod:`llmpipe.evaluation.checks`, and the post-training stages' checks on the
+executable tasks, :mod:`llmpipe.evaluation.task_checks`), the results across stages, figures, per-stage statistics,
+samples, provenance and the estimated cost.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from pathlib import Path
 from llmpipe.config import Params
 from llmpipe.config.stages import REGISTRY, RL_TASKS, TRAINING_TASKS, resolve_template
 from llmpipe.core.io import atomic_dir, atomic_file, write_json
-from llmpipe.evaluation.checks import Check, run_checks, run_costs
+from llmpipe.evaluation.checks import Check, run_checks
 from llmpipe.evaluation.harness import answers_path
+from llmpipe.evaluation.task_checks import run_task_checks
 from llmpipe.evaluation.tasks import tasks_for
 from llmpipe.report import card, current, figures, page, provenance, tables, vlm
 from llmpipe.report.headline import headline
@@ -42,7 +44,14 @@ def input_models(params: Params) -> dict[str, str]:
     return {stage: source for stage, source in sources.items() if REGISTRY[stage].causal_lm}  # not the reward model
 
 
-def render(params: Params, found: current.Found, checks: list[Check], costs: list[Check], links: dict[str, str],
+def kl_targets(params: Params) -> dict[str, float]:
+    """``{RL stage: its kl_target}`` for the RL stages whose section steers to one (ppo), in the unit of their
+    ``kl_final`` (`llmpipe.config.stages.report_params` lists these keys among the report's params)."""
+    return {name: params.stage(name).kl_target for name in RL_TASKS
+            if "kl_target" in REGISTRY[name].section.model_fields}
+
+
+def render(params: Params, found: current.Found, checks: list[Check], links: dict[str, str],
            prov: provenance.Provenance, images: dict[int, str]) -> str:
     """The report's markdown."""
     evals, stage_metrics = found.evals, found.stages
@@ -60,7 +69,7 @@ def render(params: Params, found: current.Found, checks: list[Check], costs: lis
         "rebuild with `dvc repro report`.",
         "",
         *card.not_run_section(found.not_run),
-        *card.checks_section(checks, costs),
+        *card.checks_section(checks),
         *tables.summary_section(tasks, evals, input_models(params)),
         *card.figures_section(links),
         *card.stages_section(stage_metrics, logs, [s for s in TRAINING_TASKS if s in found.not_run]),
@@ -80,17 +89,17 @@ def run(params: Params) -> dict[str, float]:
     """Write the report card, its figures and the headline metrics (under ``paths.output_root``).
 
     Returns:
-        The checks' and costs' numbers (``check_<name>``, ``cost_<stage>_<what>`` of
-        :mod:`llmpipe.evaluation.checks`; a skipped one is absent), ``num_checks`` (run), ``num_checks_passed`` and
-        ``num_not_run`` (stages and evaluations left out as not run for these params).
+        The checks' numbers (``check_<name>`` of :mod:`llmpipe.evaluation.checks` and
+        :mod:`llmpipe.evaluation.task_checks`; a skipped one is absent), ``num_checks`` (run), ``num_checks_passed``
+        and ``num_not_run`` (stages and evaluations left out as not run for these params).
 
     Raises:
         UserError: A metrics file is malformed.
     """
     found = current.collect(params)
     stdlib, sources = params.data.source == "stdlib", input_models(params)
-    checks = run_checks(found.evals, found.stages, stdlib, sources["sft"])
-    costs = run_costs(found.evals, sources, tuple(RL_KL_UNITS), stdlib)
+    checks = [*run_checks(found.evals, found.stages, stdlib, sources["sft"]),
+              *run_task_checks(found.evals, found.stages, sources, kl_targets(params))]
     reports = params.paths.out(params.paths.reports)
     ran = tuple(s for s in TRAINING_TASKS if s in found.stages)
     with atomic_dir(reports / "figures") as tmp:
@@ -99,17 +108,17 @@ def run(params: Params) -> dict[str, float]:
     links = {name: f"figures/{path.name}" for name, path in drawn.items()}
     own = [params.paths.reports, params.paths.metrics, params.paths.logs]
     prov = provenance.collect(Path("."), own)
-    text = render(params, found, checks, costs, links, prov, images) + "\n"
+    text = render(params, found, checks, links, prov, images) + "\n"
     with atomic_file(reports / "report.md") as fh:
         fh.write(text)
     with atomic_file(reports / "report.html") as fh:
         fh.write(page.render(text, reports, "llmpipe report"))
     # nested under "headline": `dvc exp show` then names its columns headline.<key> (docs/experiments.md, "Compare runs")
     write_json(params.paths.out(params.paths.metrics, "headline.json"),
-               {"headline": headline(found.evals, found.stages, checks, costs, len(found.not_run))})
+               {"headline": headline(found.evals, found.stages, checks, len(found.not_run))})
     done = [c for c in checks if c.passed is not None]
     return {
-        **{c.metric: round(c.value, 6) for c in [*done, *costs] if c.value is not None},
+        **{c.metric: round(c.value, 6) for c in done if c.value is not None},
         "num_checks": len(done),
         "num_checks_passed": sum(c.passed for c in done),
         "num_not_run": len(found.not_run),

@@ -9,7 +9,7 @@ from typing import Any
 
 from llmpipe.config import Params, TrainParams
 from llmpipe.config.adapter_rules import stage_refusal
-from llmpipe.config.stages import ADAPTER_TASKS, REGISTRY, TRAINING_TASKS
+from llmpipe.config.stages import ADAPTER_TASKS, REGISTRY, TRAINING_TASKS, best_metric
 from llmpipe.core.errors import UserError
 from llmpipe.train.trackers import tracker_kwargs
 
@@ -117,7 +117,7 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
     from llmpipe.train.optimizers import schedule_kwargs, trainer_optim
 
     t: TrainParams = params.stage(stage)
-    best_metric, greater_is_better = REGISTRY[stage].best_metric
+    metric_for_best, greater_is_better = best_metric(stage, t)
     bf16, fp16 = resolve_precision(t.precision, params.source_of(stage, "precision"))
     return {
         "output_dir": str(output_dir),
@@ -145,7 +145,7 @@ def training_kwargs(params: Params, stage: str, output_dir: Path) -> dict[str, A
         "save_strategy": "steps",
         "save_steps": t.save_steps,
         "save_total_limit": None,  # RotateCheckpoints keeps t.save_total_limit plus the best
-        "metric_for_best_model": best_metric,
+        "metric_for_best_model": metric_for_best,
         "greater_is_better": greater_is_better,
         "dataloader_num_workers": t.dataloader_num_workers,
         "use_liger_kernel": t.use_liger_kernel,

@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 
 from llmpipe.callbacks import Callback, CallbackList, RunInfo, resolve
 from llmpipe.config import Params
-from llmpipe.config.stages import REGISTRY
+from llmpipe.config.stages import best_metric
 from llmpipe.core.io import write_jsonl
 from llmpipe.distributed.launch import is_main_process
 from llmpipe.train.progress import Progress
@@ -35,7 +35,7 @@ def stage_callbacks(params: Params, stage: str, samples: StageSamples | None = N
         paths.out(paths.logs, stage, "tensorboard"),
         cfg.histogram_steps,
         {stage: cfg.model_dump(), "model": params.model.model_dump()},
-        tag(REGISTRY[stage].best_metric[0]),
+        tag(best_metric(stage, cfg)[0]),
     )
     built_in: list[Callback] = [Progress(stage), tensorboard]
     samples_path = paths.out(paths.logs, stage, "samples.jsonl")

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from llmpipe.callbacks import Callback, RunInfo
 from llmpipe.config import PPOParams
+from llmpipe.config.stages import best_metric
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir, write_json
 from llmpipe.data.tokens import PackedBlocks
@@ -194,7 +195,8 @@ def _window_record(history: list[dict[str, Any]], step: int, steps_per_epoch: fl
 
 def save_checkpoint(run: PPORun, run_dir: Path, state: dict[str, Any], keep: int) -> None:
     """Write ``checkpoint-<step>`` through a temp folder and a rename; keep the last `keep` checkpoints and the
-    one of the best validation reward so far (``state["best_step"]``)."""
+    one of the best validation reward so far (``state["best_step"]``: by the stage's selection metric,
+    `llmpipe.config.stages.best_metric`)."""
     path = run_dir / f"checkpoint-{state['step']}"
     with atomic_dir(path) as tmp:
         run.accelerator.save_state(str(tmp))
@@ -221,6 +223,7 @@ def train(
         UserError: A loss or gradient norm turned NaN/inf (names the step; no checkpoint of that step is written).
     """
     cfg = run.cfg
+    selection = best_metric("ppo", cfg)[0]  # higher is better: every RL stage's selection metric is a reward
     steps_per_epoch = len(run.train.ids) / run.rollout_batch_size
     kill_at = kill_at_step()
     callbacks.on_train_start(info)
@@ -252,8 +255,8 @@ def train(
         if step % cfg.eval_steps == 0 or step == total_steps:
             metrics = run.evaluate()
             state["log_history"].append({"step": step, "epoch": round(step / steps_per_epoch, 4), **metrics})
-            if metrics["eval_reward"] > state.get("best_eval_reward", -math.inf):
-                state["best_step"], state["best_eval_reward"] = step, metrics["eval_reward"]
+            if metrics[selection] > state.get("best_eval_reward", -math.inf):  # the selection metric's best so far
+                state["best_step"], state["best_eval_reward"] = step, metrics[selection]
             callbacks.on_evaluate(step, metrics)
         if step % cfg.save_steps == 0 or step == total_steps:
             save_checkpoint(run, run_dir, state, cfg.save_total_limit)

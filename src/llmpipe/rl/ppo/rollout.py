@@ -32,7 +32,7 @@ from llmpipe.rl.ppo.losses import (
 )
 from llmpipe.rl.ppo.sampling import own_settings_only, sampled_logits
 from llmpipe.rl.prompts import Prompts
-from llmpipe.rl.rewards import compute_rewards
+from llmpipe.rl.rewards import reward_values
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:
@@ -138,15 +138,23 @@ class Rollout:
         """Raw sequence scores ``(B,)``: the reward model's score of the last real token, plus the weighted
         reward functions of the prompt's turns and the completion (called as GRPO's TRL calls them; `tests`: each
         prompt's hidden tests, for the test rewards)."""
+        return self.score_parts(batch, turns, names, tests)[0]
+
+    @torch.no_grad()
+    def score_parts(self, batch: Batch, turns: list[list[dict[str, str]]], names: list[str],
+                    tests: list[list[str]] | None = None) -> tuple[Tensor, list[tuple[str, Tensor]]]:
+        """:meth:`score`, and each reward function's own unweighted values ``(B,)`` with its label
+        (`llmpipe.rl.rewards.reward_values`)."""
         scores = torch.zeros(len(turns), device=self.accelerator.device)
         if self.reward_model is not None:
             hidden = hidden_states(self.reward_model, batch.input_ids, batch.attention_mask)
             last = batch.input_ids.shape[1] - batch.response_len + batch.mask.sum(1) - 1
             scores += self.reward_model.score(hidden[torch.arange(len(turns)), last]).squeeze(-1).float()
-        if self.cfg.rewards:
-            ids = [r[m.bool()].tolist() for r, m in zip(batch.responses, batch.mask)]
-            scores += compute_rewards(self.cfg.rewards, turns, batch.completions, names, ids, tests).to(scores.device)
-        return scores
+        ids = [r[m.bool()].tolist() for r, m in zip(batch.responses, batch.mask)]
+        parts = reward_values(self.cfg.rewards, turns, batch.completions, names, ids, tests) if self.cfg.rewards else []
+        for spec, (_, values) in zip(self.cfg.rewards, parts):
+            scores += spec.weight * values.to(scores.device)
+        return scores, parts
 
     @torch.no_grad()
     def rollout(self, indices: list[int]) -> tuple[dict[str, Tensor], dict[str, float]]:
@@ -212,17 +220,23 @@ class Rollout:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Mean raw score and response length on the validation prompts (sampled with a fixed seed, so the
-        training RNG stream is untouched)."""
+        training RNG stream is untouched), and each reward function's mean as ``eval_rewards/<label>/mean`` (TRL's
+        GRPO names; one of them can pick the best checkpoint: `llmpipe.config.stages.best_metric`)."""
         cfg = self.cfg
-        scores, lengths = [], []
+        scores, lengths, parts = [], [], []
         devices = [self.accelerator.device.index or 0] if self.accelerator.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), self.accelerator.autocast():
             torch.manual_seed(cfg.seed)
             for s in chunks(len(self.valid.ids), cfg.per_device_eval_batch_size):
                 batch = self.generate(self.valid.ids[s])
-                scores.append(self.score(batch, self.valid.turns[s], self.valid.names[s], self.valid.tests[s]))
+                score, own = self.score_parts(batch, self.valid.turns[s], self.valid.names[s], self.valid.tests[s])
+                scores.append(score)
+                parts.append(own)
                 lengths.append(batch.mask.sum(1).float())
+        labels = [label for label, _ in parts[0]] if parts else []
         return {
             "eval_reward": torch.cat(scores).mean().item(),
             "eval_response_length": torch.cat(lengths).mean().item(),
+            **{f"eval_rewards/{label}/mean": torch.cat([own[i][1] for own in parts]).mean().item()
+               for i, label in enumerate(labels)},
         }
