@@ -28,7 +28,8 @@ def check_server_database(program: str) -> None:
     try:
         check_connection_url(url.get_secret_value())
     except UserError as err:
-        sys.exit(f"{program}: error: {err}")
+        print(f"{program}: error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 def main() -> None:
