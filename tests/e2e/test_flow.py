@@ -46,8 +46,16 @@ LONG_PRETRAIN = {"pretrain.max_steps": "60", "pretrain.save_steps": "5", "pretra
 
 DEPLOYMENT = "full-pipeline/full-pipeline"
 
-# docs/service.md's PostgreSQL pool: connections each server process may hold (pool + overflow).
-POOL = {"PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE": "10", "PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW": "10"}
+
+
+def production_commands() -> tuple[dict[str, str], list[str]]:
+    """docs/service.md's PostgreSQL block, which these tests run: the settings it exports (database URL, pool size)
+    and the server's command line."""
+    text = (ROOT / "docs" / "service.md").read_text()
+    lines = re.search(r"\*\*In production, PostgreSQL\*\*.*?```\n(.*?)```", text, re.S).group(1).strip().splitlines()
+    settings = dict(word.split("=", 1) for line in lines if line.startswith("export ") for word in line.split()[1:])
+    assert SETTING in settings and lines[-1].startswith("python flows/server.py "), lines
+    return settings, lines[-1].split()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -80,8 +88,9 @@ def database(request) -> str:
 def env(pipeline_env, tmp_path_factory, database, request) -> dict[str, str]:
     env = dict(pipeline_env)
     if database == "postgresql":  # a database of this module's own on the session's server
-        url = request.getfixturevalue("postgres").create_database(f"prefect_{request.module.__name__}")
-        env.update(PREFECT_API_DATABASE_CONNECTION_URL=url, **POOL)
+        settings, _ = production_commands()
+        settings[SETTING] = request.getfixturevalue("postgres").create_database(f"prefect_{request.module.__name__}")
+        env.update(settings)
     env.update(
         PREFECT_HOME=str(tmp_path_factory.mktemp("prefect_home")),
         PREFECT_API_URL=f"http://127.0.0.1:{free_port()}/api",
@@ -116,8 +125,8 @@ def logs_dir(tmp_path_factory, database) -> Path:
 def server(env, logs_dir, repo):
     """`python flows/server.py` (`prefect server start`, its database checked first) on loopback: SQLite under its
     own PREFECT_HOME, or the PostgreSQL database of PREFECT_API_DATABASE_CONNECTION_URL."""
-    port = env["PREFECT_API_URL"].split(":")[-1].split("/")[0]
-    cmd = [sys.executable, "flows/server.py", "--host", "127.0.0.1", "--port", port]
+    _, cmd = production_commands()
+    cmd[0], cmd[cmd.index("--port") + 1] = sys.executable, env["PREFECT_API_URL"].split(":")[-1].split("/")[0]
     proc = start(cmd, repo, env, logs_dir / "server.log")
     try:
         deadline = time.time() + 120
