@@ -1,9 +1,8 @@
 """The Prefect server's database, checked before a server starts: PREFECT_API_DATABASE_CONNECTION_URL names a
 driver Prefect's server runs on and, for PostgreSQL, a database that answers.
 
-Without this check a wrong URL surfaces as a traceback from deep inside the server's start-up (a
-`prefect server start` exits 3; a temporary server leaves the flow waiting 20 s for "the ephemeral Prefect API
-server"), and no message names the setting."""
+Prefect itself reports a wrong URL as a traceback from deep inside the server's start-up that names no setting
+(docs/LOG.md, 2026-12-07)."""
 
 from __future__ import annotations
 
