@@ -15,7 +15,7 @@ export HF_DATASETS_OFFLINE := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run smoke test test-fast browser lock
+.PHONY: install run smoke test test-fast browser postgres lock
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -62,10 +62,18 @@ browser:
 	    { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1; } || \
 	  echo "no chromium: the report page's browser test will be skipped (Debian: apt-get install chromium)"
 
+# The flow's end-to-end tests run on PostgreSQL too (tests/postgres.py starts one on loopback): Debian's package,
+# installed here where apt-get can; anywhere else those tests are skipped and say why.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { apt-get update -qq && apt-get install -y -qq postgresql; } >/dev/null 2>&1; } || \
+	  echo "no PostgreSQL: the flow's PostgreSQL tests will be skipped (Debian: apt-get install postgresql)"
+
 # The suite on every core (pytest-xdist): TEST_WORKERS=0 runs it in this one process, as a debugger wants.
 TEST_WORKERS ?= auto
 
-test: install browser
+test: install browser postgres
 	pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # Development loop: everything but the end-to-end tests that train models.

@@ -11,11 +11,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from postgres import PostgresServer, start_postgres
+from postgres import unavailable as postgres_unavailable
 
 from llmpipe.config import stages as registry
 from llmpipe.orchestration import scratch
@@ -251,3 +254,13 @@ def user_reward_module(tmp_path_factory, monkeypatch, request) -> str:
     (folder / f"{name}.py").write_text(USER_REWARDS)
     monkeypatch.syspath_prepend(str(folder))
     return name
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory) -> Iterator[PostgresServer]:
+    """One real PostgreSQL server per session on loopback (tests/postgres.py); skipped, saying why, where PostgreSQL
+    is not installed. Each user creates a database of its own (`create_database`)."""
+    if reason := postgres_unavailable():
+        pytest.skip(reason)
+    with start_postgres(tmp_path_factory.mktemp("postgres")) as server:
+        yield server

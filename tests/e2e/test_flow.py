@@ -1,7 +1,11 @@
 """The `full-pipeline` Prefect flow, served as deployment full-pipeline/full-pipeline by flows/serve.py,
 against a real Prefect server on loopback, on tiny params in a temporary git + DVC repo.
 
-One module-scoped repo, server and serve process; the tests run in file order and build on each other.
+The server keeps its state in SQLite, and for the tests marked `databases("sqlite", "postgresql")` (those whose
+runs exercise the database: a served run, an experiment, a retry, a cancel, five runs queued on the slot) also in
+a real PostgreSQL (conftest's `postgres`, one server per session, a database per module), started as
+docs/service.md says. Per database one module-scoped repo, server and serve process: pytest runs every SQLite
+test first, then the PostgreSQL ones, each group in file order, building on each other.
 Every process started here is stopped here (SIGINT to its process group, then SIGKILL).
 """
 
@@ -27,6 +31,7 @@ from conftest import ALL_STAGES, ROOT, TINY_PARAMS, free_port, make_pipeline_rep
 sys.path.insert(0, str(ROOT / "flows"))
 from full_pipeline import working_copy_path  # noqa: E402
 
+from llmpipe.orchestration.database import SETTING  # noqa: E402
 from llmpipe.orchestration.processes import stop_process_group  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -41,6 +46,25 @@ LONG_PRETRAIN = {"pretrain.max_steps": "60", "pretrain.save_steps": "5", "pretra
 DEPLOYMENT = "full-pipeline/full-pipeline"
 
 
+
+def production_commands() -> tuple[dict[str, str], list[str]]:
+    """docs/service.md's PostgreSQL block, which these tests run: the settings it exports (database URL, pool size)
+    and the server's command line."""
+    text = (ROOT / "docs" / "service.md").read_text()
+    lines = re.search(r"\*\*In production, PostgreSQL\*\*.*?```\n(.*?)```", text, re.S).group(1).strip().splitlines()
+    settings = dict(word.split("=", 1) for line in lines if line.startswith("export ") for word in line.split()[1:])
+    assert SETTING in settings and lines[-1].startswith("python flows/server.py "), lines
+    return settings, lines[-1].split()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that needs a server runs on SQLite, and also on PostgreSQL where marked `databases(...)`; one
+    module-scoped server per database (test_flow_failures.py imports this hook with the fixtures)."""
+    if "database" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("databases")
+        metafunc.parametrize("database", marker.args if marker else ["sqlite"], indirect=True, scope="module")
+
+
 def start(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
     """Start `cmd` in its own process group, output to `log`."""
     with log.open("w") as out:
@@ -48,8 +72,18 @@ def start(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> subproce
 
 
 @pytest.fixture(scope="module")
-def env(pipeline_env, tmp_path_factory) -> dict[str, str]:
+def database(request) -> str:
+    """Where the Prefect server keeps its state: "sqlite" (under PREFECT_HOME) or "postgresql"."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def env(pipeline_env, tmp_path_factory, database, request) -> dict[str, str]:
     env = dict(pipeline_env)
+    if database == "postgresql":  # a database of this module's own on the session's server
+        settings, _ = production_commands()
+        settings[SETTING] = request.getfixturevalue("postgres").create_database(f"prefect_{request.module.__name__}")
+        env.update(settings)
     env.update(
         PREFECT_HOME=str(tmp_path_factory.mktemp("prefect_home")),
         PREFECT_API_URL=f"http://127.0.0.1:{free_port()}/api",
@@ -76,15 +110,16 @@ def repo(tmp_path_factory, env, trained_pipeline) -> Path:
 
 
 @pytest.fixture(scope="module")
-def logs_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("process_logs")
+def logs_dir(tmp_path_factory, database) -> Path:
+    return tmp_path_factory.mktemp(f"process_logs_{database}")
 
 
 @pytest.fixture(scope="module")
 def server(env, logs_dir, repo):
-    """`prefect server start` on loopback, SQLite under its own PREFECT_HOME."""
-    port = env["PREFECT_API_URL"].split(":")[-1].split("/")[0]
-    cmd = ["prefect", "server", "start", "--host", "127.0.0.1", "--port", port]
+    """`python flows/server.py` (`prefect server start`, its database checked first) on loopback: SQLite under its
+    own PREFECT_HOME, or the PostgreSQL database of PREFECT_API_DATABASE_CONNECTION_URL."""
+    _, cmd = production_commands()
+    cmd[0], cmd[cmd.index("--port") + 1] = sys.executable, env["PREFECT_API_URL"].split(":")[-1].split("/")[0]
     proc = start(cmd, repo, env, logs_dir / "server.log")
     try:
         deadline = time.time() + 120
@@ -214,6 +249,27 @@ def pipeline_processes(where: Path) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.databases("sqlite", "postgresql")
+def test_a_wrong_database_url_is_one_line_naming_the_setting_before_serving(postgres, pipeline_env, tmp_path):
+    """flows/server.py and flows/serve.py (without PREFECT_API_URL it starts a temporary server of its own) refuse
+    URLs the real PostgreSQL rejects: exit 2 with one line naming the setting, nothing served (unchecked, both end
+    in a traceback from the server's start-up)."""
+    env = {k: v for k, v in pipeline_env.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    cases = [(["server.py", "--port", str(free_port())], postgres.url("postgres", password="wrong"), "InvalidPasswordError"),
+             (["serve.py"], postgres.url("no_such_database"), "InvalidCatalogNameError")]
+    for (script, *args), url, cause in cases:
+        proc = subprocess.run([sys.executable, f"flows/{script}", *args], cwd=ROOT, env={**env, SETTING: url},
+                              capture_output=True, text=True, timeout=120)
+        database = url.rpartition("/")[2]
+        shown = f"{SETTING}=postgresql+asyncpg://prefect:***@127.0.0.1:{postgres.port}/{database}"
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"{script}: error: {shown}: cannot connect ({cause}"), proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr and "serving" not in proc.stdout
+
+
+@pytest.mark.databases("sqlite", "postgresql")
 def test_served_deployment_runs_every_stage(repo, env, client, served, record_property):
     start_s = time.time()
     run_id = trigger(repo, env)
@@ -261,6 +317,7 @@ def test_second_run_does_nothing(repo, env, client, served, record_property):
     print(f"\nno-op run: {end_to_end_s:.1f} s from trigger to Completed, flow run {flow_s:.1f} s")
 
 
+@pytest.mark.databases("sqlite", "postgresql")
 def test_set_params_saves_an_experiment_and_leaves_the_workspace(repo, env, client, served):
     before = tree_digest(repo / "params.yaml", repo / "dvc.lock", repo / "models", repo / "metrics")
     # dpo.beta reruns three stages (the pipeline test covers a train.lr experiment that reruns almost all).
@@ -286,6 +343,7 @@ def test_set_params_saves_an_experiment_and_leaves_the_workspace(repo, env, clie
     assert "beta0.2" in summary and "| params.yaml | dpo.beta |" in summary
 
 
+@pytest.mark.databases("sqlite", "postgresql")
 def test_killed_stage_is_retried_and_resumes_from_its_checkpoint(repo, env, client, served):
     run_id = trigger(repo, env, stages=["pretrain"], set_params=LONG_PRETRAIN, experiment_name="retried")
     copy = working_copy_path(repo, "retried")
@@ -304,21 +362,24 @@ def test_killed_stage_is_retried_and_resumes_from_its_checkpoint(repo, env, clie
     assert "Retry" in out or "retry" in out
 
 
-def test_back_to_back_runs_wait_for_the_slot(repo, env, client, served):
-    first, second = trigger(repo, env, stages=["prepare"]), trigger(repo, env, stages=["prepare"])
-    runs = [wait_final(client, i) for i in (first, second)]
-    assert [r.state.name for r in runs] == ["Completed", "Completed"]
+@pytest.mark.databases("sqlite", "postgresql")
+def test_five_runs_queued_at_once_take_the_slot_in_turn(repo, env, client, served):
+    run_ids = [trigger(repo, env, stages=["prepare"]) for _ in range(5)]
+    runs = [wait_final(client, i) for i in run_ids]
+    assert [r.state.name for r in runs] == ["Completed"] * 5
 
     spans = []
-    for run_id in (first, second):
+    for run_id in run_ids:
         records = logs(client, run_id)
         held = next(r.timestamp for r in records if r.message.startswith("holding the slot"))
         done = next(r.timestamp for r in records if r.message.startswith("prepare: up to date in"))
         spans.append((held, done))
     spans.sort()
-    assert spans[0][1] <= spans[1][0], f"the two runs held the slot at the same time: {spans}"
+    overlaps = [(a, b) for a, b in zip(spans, spans[1:]) if a[1] > b[0]]
+    assert not overlaps, f"runs held the slot at the same time: {overlaps}"
 
 
+@pytest.mark.databases("sqlite", "postgresql")
 def test_cancel_mid_training_leaves_no_process_and_no_lock(repo, env, client, served):
     # Not the retried run's params (DVC's run cache holds them); a budget the cancel comes well before.
     params = {**LONG_PRETRAIN, "pretrain.seed": "7", "pretrain.max_steps": "1000"}

@@ -20,7 +20,19 @@ import psutil
 import pytest
 import yaml
 from conftest import make_pipeline_repo, sh
-from test_flow import DEPLOYMENT, client, env, logs_dir, served, server, task_runs, trigger, wait_final  # noqa: F401
+from test_flow import (  # noqa: F401 (fixtures and the hook that gives them their database)
+    DEPLOYMENT,
+    client,
+    database,
+    env,
+    logs_dir,
+    pytest_generate_tests,
+    served,
+    server,
+    task_runs,
+    trigger,
+    wait_final,
+)
 
 # isort: split
 from full_pipeline import limit_name  # flows/ is on sys.path through test_flow
