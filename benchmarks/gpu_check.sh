@@ -244,7 +244,7 @@ sft_pair() {
 $RUN_FIGURES
 name = sys.argv[1]
 u, p = figures(f"{name}_unpacked", "sft"), figures(f"{name}_packed", "sft")
-real = p["tokens"]  # packed rows hold (next to) no padding: the real tokens of the epoch, the same in both runs
+real = p["tokens"] * p["m"]["packing_fill"]  # the real tokens of the epoch (the rest pads packs), the same in both runs
 for label, f in (("unpacked", u), ("packed", p)):
     print(f"{name} {label}: {f['m']['steps']} steps, {f['tokens']:,.0f} input tokens ({real / f['tokens']:.0%} real), "
           f"{f['train_s']:.1f} s training: {real / f['train_s']:,.0f} real tokens/s; eval loss {f['m']['eval_loss']:.3f}; "

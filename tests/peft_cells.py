@@ -18,6 +18,7 @@ on CPU by `llmpipe.train.adapters.load_kwargs` (tests/stages/test_peft.py)."""
 
 CELLS = {
     "sft": ("sft", {}),
+    "sft_unpacked": ("sft", {"packing": False}),
     "dpo": ("dpo", {"method": "dpo"}),
     "kto": ("dpo", {"method": "kto"}),
     "orpo": ("dpo", {"method": "orpo"}),
@@ -30,6 +31,10 @@ CELLS = {
     "rloo": ("rloo", {}),
 }
 """Per column: the params section and what it sets to be that column."""
+
+VIRTUAL_TOKENS = {"prefix_tuning", "prompt_tuning"}
+"""The methods sft cannot pack: they train in column sft_unpacked (its other cells are the sft column's but padded,
+so they are checked at load only)."""
 
 OPTIMS = ("adamw_torch", "muon", "schedule_free_adamw")
 
@@ -51,6 +56,8 @@ def refusal(case: str, column: str, optim: str) -> tuple[str, str, set[str]] | N
     method, section = METHODS[case]["method"], CELLS[column][0]
     if (section, method) in REFUSED_IN_STAGE:
         return REFUSED_IN_STAGE[section, method], "lora or ia3", {"peft"}
+    if column == "sft" and method in VIRTUAL_TOKENS:
+        return "would train without them", "set sft.packing: false, or", {"peft"}
     if column in ("orpo", "simpo", "cpo") and method == "prompt_tuning":
         return "add positions", "prefix_tuning, lora or ia3, or set dpo.method to dpo or kto", {"peft", "method"}
     if section == "ppo" and optim.startswith("schedule_free"):

@@ -30,12 +30,13 @@ def test_sft_trains_on_the_weighted_loss(workdir, tmp_path, monkeypatch):
     stage, trainer = _trainer(workdir, tmp_path, critical_tokens=["</s>"], critical_alpha=3.0,
                               label_smoothing=0.1)  # fmt: skip
     eos = stage.tokenizer.convert_tokens_to_ids("</s>")
-    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
-    assert (batch["labels"] == eos).any(), "the batch has critical tokens among its labels"
+    # packed, most rows are one conversation cut at max_length, whose eos is gone: the first batch that has one
+    batch = next(b for b in trainer.get_train_dataloader() if (b["labels"] == eos).any())
+    batch = trainer._prepare_inputs(batch)
     trainer.model.train()
     loss = trainer.compute_loss(trainer.model, dict(batch))
     with torch.no_grad():
-        logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = trainer.model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits
     want = weighted_token_loss(logits[:, :-1], batch["labels"][:, 1:], torch.tensor([eos]), 3.0, 0.1)
     plain = weighted_token_loss(logits[:, :-1], batch["labels"][:, 1:], torch.tensor([eos]), 1.0, 0.0)
     assert loss.item() == pytest.approx(want.item(), rel=1e-5) and abs(want.item() - plain.item()) > 1e-3

@@ -30,7 +30,8 @@ def stage_refusal(params: Params, stage: str) -> Refusal | None:
     one between its training and averaged weights, as the Trainer does); a sequence classifier (reward: ``causal_lm`` false) takes no virtual tokens (peft 0.21
     cannot prefix-tune a transformers 5 classifier, and gives a prompt-tuned one no token ids, so it scores the
     last position, a pad in a right-padded batch); a preference stage's ORPO, SimPO and CPO take no prompt tuning (TRL pairs
-    their logits with the labels position by position); AdaLoRA needs a step budget; Muon needs a trainable weight
+    their logits with the labels position by position); a packing stage (sft) takes no virtual tokens (a packed row
+    holds them once, for its first conversation only); AdaLoRA needs a step budget; Muon needs a trainable weight
     matrix (:data:`NOT_FOR_MUON`; LoRA of rank 1 has vectors only).
 
     Args:
@@ -65,6 +66,10 @@ def stage_refusal(params: Params, stage: str) -> Refusal | None:
                        "labels position by position, and prompt tuning's virtual tokens add positions (a size error "
                        f"inside TRL); {use} prefix_tuning, lora or ia3, or set {stage}.method to dpo or kto",
                        frozenset({"peft", "method"}))  # fmt: skip
+    if cfg.method in PROMPT_LEARNING and getattr(t, "packing", False):
+        return Refusal(f"{method} with {stage}.packing true: the virtual tokens open each packed row once, so every "
+                       f"conversation packed after the first would train without them; set {stage}.packing: false, "
+                       f"or {use} lora or ia3", peft)  # fmt: skip
     if cfg.method == "adalora" and (t.max_steps <= 0 or cfg.tinit + cfg.tfinal >= t.max_steps):
         return Refusal(f"{method} schedules its rank budget over {stage}.max_steps: set it (> 0, now {t.max_steps}) "
                        f"above peft.tinit + peft.tfinal ({cfg.tinit} + {cfg.tfinal})", peft)  # fmt: skip

@@ -216,7 +216,11 @@ class SFTParams(TrainParams):
     per_device_train_batch_size: TrainBatchSize = 8
     max_steps: MaxSteps = 110
     assistant_only_loss: bool = Field(True, description="Loss on assistant tokens only ({% generation %} mask).")
-    packing: bool = Field(False, description="Pack several conversations into one sequence.")
+    packing: bool = Field(
+        True,
+        description="Pack whole conversations into rows of max_length tokens, kept apart by position ids (exact; "
+        "refused before training for a model that cannot keep them apart).",
+    )
     loss: LossParams = Field(LossParams(), description="Critical-token weights and label smoothing of the loss.")
     distill: DistillParams = Field(DistillParams(), description="A teacher's logits mixed into the loss.")
 

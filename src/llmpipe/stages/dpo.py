@@ -98,6 +98,10 @@ def cpo_config(params: Params, run_dir: Path, name: str = "dpo"):
 CONFIGS = {"dpo": dpo_config, "kto": kto_config, "orpo": orpo_config, "simpo": cpo_config, "cpo": cpo_config}
 """``dpo.method`` → its params mapping."""
 
+NO_PACKING = ("TRL 1.16's DPOTrainer has no padding-free path (its padding_free falls back to padding since its "
+              "refactor), nor have its KTO, ORPO and CPO trainers: every batch pads to its longest pair")
+"""Why the dpo stage does not pack, as it logs it (sft packs: `llmpipe.train.packing`)."""
+
 REFERENCE_FREE = frozenset({"orpo", "simpo", "cpo"})
 """Methods with no reference model: the stage loads models/sft once."""
 
@@ -192,6 +196,7 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     """
     if unread := unread_loss_choice(params.dpo):
         log.warning(unread)
+    log.info("dpo: packing off: %s", NO_PACKING)
     return DPO(params, trust_remote_code).run(resume)
 
 

@@ -3,6 +3,11 @@ the loss on assistant tokens only: the chat template's `{% generation %}` mask w
 computes it), else the mask computed by rendering the conversation turn by turn (`llmpipe.data.chat_turns`), given to
 TRL as a pre-tokenised dataset (``input_ids``, ``assistant_masks``), from which it builds the labels.
 
+With ``sft.packing`` (the default) TRL packs whole conversations into rows of at most ``sft.max_length`` tokens,
+each kept apart from the others of its row by position ids alone (`llmpipe.train.packing`): every sample's loss is
+its loss unpacked. Before training the stage checks that the model does keep them apart, and refuses packing where
+it does not; its metrics give the packing fill, the share of the batches' positions that are tokens, not padding.
+
 A sample whose prompt fills ``sft.max_length`` keeps no assistant token, so no label: TRL leaves it out (or,
 with packing, packs it as dead weight) without a word. The stage counts them per split, reports the counts
 in its metrics, and refuses to train when they are too many (`llmpipe.train.guards.check_no_signal`) or when a batch
@@ -36,6 +41,7 @@ def sft_config(params: Params, run_dir: Path, name: str = "sft", rendered_masks:
         max_length=cfg.max_length,
         assistant_only_loss=cfg.assistant_only_loss and not rendered_masks,
         packing=cfg.packing,
+        packing_strategy="bfd",  # TRL's default: whole conversations, cut to max_length as unpacked
         dataset_num_proc=None,
     )
 
@@ -54,6 +60,7 @@ class SFT(TrainerStage):
 
     name = "sft"
     data_first = True  # the truncation counts need only the tokenizer
+    fill = None  # its llmpipe.train.packing.PackingFill, from make_trainer
 
     @property
     def rendered_masks(self) -> bool:
@@ -97,6 +104,7 @@ class SFT(TrainerStage):
         from trl import SFTTrainer
 
         from llmpipe.train.losses import token_loss  # torch: imported when the stage runs, not with the module
+        from llmpipe.train.packing import PackedRows, PackingFill
 
         loss = token_loss(self.cfg.loss, self.tokenizer, f"{self.name}.loss")
         if self.rendered_masks:
@@ -111,8 +119,37 @@ class SFT(TrainerStage):
         else:
             trainer = SFTTrainer(**kwargs)
             trainer.compute_loss_func = None if self.cfg.loss.is_default else loss  # TRL's own loss when default
+        pad = trainer.data_collator.pad_token_id
+        if self.cfg.packing:
+            trainer.data_collator = PackedRows(pad, trainer.data_collator.pad_to_multiple_of)
         trainer.data_collator = MaskedBatchGuard(trainer.data_collator, f"{self.name}.max_length")
+        self.fill = PackingFill(pad)
+        self.fill.attach(trainer)
         return trainer
+
+    def check_trainer(self, trainer, num_train: int, num_valid: int) -> dict[str, float]:
+        """With packing, refuse a model (or teacher) that lets packed samples meet (`check_keeps_apart`)."""
+        from llmpipe.train.packing import check_keeps_apart
+
+        key = f"{self.name}.packing"
+        if not self.cfg.packing:
+            log.info("%s: packing off (%s: false): each batch pads to its longest conversation", self.name, key)
+            return {}
+        models = [("the model", trainer.model), ("the teacher", getattr(trainer, "teacher", None))]
+        for role, model in filter(lambda m: m[1] is not None, models):
+            attn = getattr(model.config, "_attn_implementation", None)
+            check_keeps_apart(model, trainer.data_collator.collator, key,
+                              f"{role} ({model.config.model_type}, attention {attn})")  # fmt: skip
+        log.info("%s: packing on: %d conversations in %d rows of at most %s=%d tokens, each kept apart by its "
+                 "position ids (checked on the model)", self.name, num_train, len(trainer.train_dataset),
+                 f"{self.name}.max_length", self.cfg.max_length)  # fmt: skip
+        return {}
+
+    def extra_metrics(self, trainer, metrics: dict[str, float]) -> dict[str, float]:
+        """``packing_fill``: the share of the training batches' positions that hold tokens, not padding."""
+        log.info("%s: packing fill %.3f (tokens / batch positions over %d tokens trained; packing %s)", self.name,
+                 self.fill.fill, self.fill.tokens, "on" if self.cfg.packing else "off")  # fmt: skip
+        return {"packing_fill": round(self.fill.fill, 4)}
 
 
 def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: bool = False) -> dict[str, float]:
@@ -128,11 +165,13 @@ def run(params: Params, resume: ResumeRequest | None = None, trust_remote_code: 
     Returns:
         The metrics of :func:`llmpipe.train.loop.train_stage`, plus ``num_fully_truncated`` and
         ``num_fully_truncated_eval``: training / validation samples with no assistant token within
-        ``sft.max_length`` tokens (left out of training by TRL).
+        ``sft.max_length`` tokens (left out of training by TRL), and ``packing_fill``: tokens over batch positions
+        (the rest is padding) of the micro-batches this process trained, packed or not.
 
     Raises:
         UserError: Missing or refused inputs; models/pretrain was trained with another tokenizer; more than half
             of the training samples (or every validation sample) are fully truncated, or a batch has no label
-            (both name ``sft.max_length``).
+            (both name ``sft.max_length``); with ``sft.packing``, the model or the teacher lets packed samples
+            attend to each other (names ``sft.packing``).
     """
     return SFT(params, trust_remote_code).run(resume)
