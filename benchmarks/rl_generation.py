@@ -25,6 +25,9 @@ Variants (every round runs each once, in this order, from the same seed; medians
 - ``--compile``: threads1+static with `torch.compile` of the decode step (transformers' `CompileConfig`, forced on
   CPU); its warm-up is printed apart. Off by default: a long warm-up on 2 cores.
 
+A last column counts the rounds whose tokens equal ``current``'s (same rows, same seed); the split variants sample
+other rows and are not compared.
+
 Target: the shipped ppo settings (printed) ≥ 2× ``current``. Figures on a shared machine are load-inflated; the
 ratio is what this script is for (both ways in one process, interleaved). CPU only.
 """

@@ -1,7 +1,7 @@
 """The faster RL generation settings (``generation.num_threads``, ``generation.cache_implementation``) sample the same
-tokens as the plain path: greedy exactly, and sampled with a fixed seed too, through PPO's real `Rollout.generate`
-on a tiny random Llama; GRPO's and RLOO's TRL configs receive them, and the thread limit is undone after
-sampling."""
+tokens as the plain path in fp32: greedy exactly, and sampled with a fixed seed too, through PPO's real
+`Rollout.generate` on a tiny random Llama (under bf16 autocast a static cache can change seeded samples: docs/rl.md);
+GRPO's and RLOO's TRL configs receive the cache, and the thread limit is undone after sampling."""
 
 from __future__ import annotations
 
@@ -65,7 +65,9 @@ def test_group_stages_pass_the_cache_to_trl(tmp_path):
     from llmpipe.stages.grpo import grpo_config
     from llmpipe.stages.rloo import rloo_config
 
-    params = parse_params(yaml.safe_load((ROOT / "params.yaml").read_text()))
-    assert params.grpo.generation.cache_implementation == "static" and params.rloo.generation.num_threads == 1
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["grpo"]["generation"]["cache_implementation"] = "static"
+    params = parse_params(raw)
+    assert params.rloo.generation.cache_implementation == "static" and params.rloo.generation.num_threads == 1
     assert grpo_config(params, tmp_path).cache_implementation == "static"
     assert rloo_config(params, tmp_path).cache_implementation == "static"
