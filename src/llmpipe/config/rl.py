@@ -42,7 +42,7 @@ class GenerationParams(Section):
         "once for prompt + max_new_tokens (no effect on the tokens)."
     )
     num_threads: int | None = Field(
-        None, gt=0, description="torch intra-op threads while sampling (training keeps all); null = torch's default."
+        1, gt=0, description="torch intra-op threads while sampling (training keeps all); null = torch's default."
     )
 
 
