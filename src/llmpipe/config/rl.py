@@ -37,6 +37,13 @@ class GenerationParams(Section):
     min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens below min_p × the top probability.")
     repetition_penalty: float = Field(1.0, gt=0, description="CTRL repetition penalty (1 = off).")
     suppress_tokens: list[int] = Field([], description="Token ids never generated.")
+    cache_implementation: Literal["dynamic", "static"] = Field(
+        "dynamic", description="transformers' KV cache while sampling: dynamic grows per token, static is allocated "
+        "once for prompt + max_new_tokens (no effect on the tokens)."
+    )
+    num_threads: int | None = Field(
+        1, gt=0, description="torch intra-op threads while sampling (training keeps all); null = torch's default."
+    )
 
 
 RewardName = Literal["python_parses", "defines_function", "uses_arguments", "parsable_prefix", "tests_pass",

@@ -55,6 +55,7 @@ def group_kwargs(params: Params, run_dir: Path, name: str) -> dict[str, Any]:
         min_p=gen.min_p,
         repetition_penalty=gen.repetition_penalty,
         generation_kwargs={"suppress_tokens": list(gen.suppress_tokens)} if gen.suppress_tokens else None,
+        cache_implementation=gen.cache_implementation,
     )
 
 
@@ -199,10 +200,13 @@ class GRPO(TrainerStage):
         return self.cfg.beta != 0  # TRL's GRPO loads no reference without a KL term
 
     def make_trainer(self, model, args, train, valid, callbacks: list):
+        from llmpipe.rl.generation import limit_generation_threads
+
         reward_funcs, _ = trl_reward_functions(self.cfg.rewards)  # weights reach TRL through the config
         trainer = self.trainer_class()(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
                                        eval_dataset=valid, processing_class=self.tokenizer, callbacks=callbacks,
                                        peft_config=self.peft_config)  # fmt: skip
+        limit_generation_threads(trainer, self.cfg.generation.num_threads)
         if self.cfg.sync_ref_model:
             from llmpipe.rl.reference import checkpoint_reference
 

@@ -94,7 +94,8 @@ def generation_config(tokenizer, max_new_tokens: int, generation=None):
         sampled = {"do_sample": True, "temperature": generation.temperature, "top_p": generation.top_p,
                    "top_k": generation.top_k, "min_p": generation.min_p,
                    "repetition_penalty": generation.repetition_penalty,
-                   "suppress_tokens": generation.suppress_tokens or None}  # fmt: skip
+                   "suppress_tokens": generation.suppress_tokens or None,
+                   "cache_implementation": generation.cache_implementation}  # fmt: skip
     eot = end_of_turn(tokenizer)
     eos = list(dict.fromkeys([tokenizer.eos_token_id, *([tokenizer.convert_tokens_to_ids(eot)] if eot else [])]))
     return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos,

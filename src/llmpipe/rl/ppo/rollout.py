@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from llmpipe.config import GenerationParams, PPOParams
+from llmpipe.rl.generation import generation_threads
 from llmpipe.rl.ppo.kl_control import KLController
 from llmpipe.rl.ppo.losses import (
     KL_ESTIMATORS,
@@ -114,7 +115,7 @@ class Rollout:
         config = generation_config(tok, self.cfg.generation.max_new_tokens, self.cfg.generation)
         policy = self.accelerator.unwrap_model(self.policy)
         policy.eval()
-        with own_settings_only(policy):
+        with own_settings_only(policy), generation_threads(self.cfg.generation.num_threads):
             out = policy.generate(input_ids=ids, attention_mask=prompt_mask, generation_config=config)
         policy.train()
         responses = out[:, longest:]
