@@ -12,7 +12,15 @@ import pytest
 import trl
 from user_models import PLAIN_TEMPLATE, train_tokenizer
 
-from llmpipe.data.chat_turns import assistant_masks, end_of_turn, has_markers, plain_template, rendered_masks
+from llmpipe.core.errors import UserError
+from llmpipe.data.chat_turns import (
+    assistant_masks,
+    end_of_turn,
+    has_markers,
+    plain_template,
+    rendered_masks,
+    require_markers,
+)
 from llmpipe.stages.tokenizer import chat_template
 
 TRL_TEMPLATES = Path(trl.__file__).parent / "chat_templates"
@@ -126,3 +134,11 @@ def test_the_plain_template_renders_in_plain_jinja2(tok, name):
                                              eos_token="</s>")  # fmt: skip
         tok.chat_template = marked
         assert text == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def test_a_stage_masking_by_markers_refuses_a_template_without_them():
+    """vlm trains with TRL's assistant_only_loss: a plain ChatML template is refused before training, naming the
+    stage, the tokenizer folder and the fix (a new user's run failed inside TRL after four other stages)."""
+    with pytest.raises(UserError, match=r"vlm: the chat template in artifacts/tokenizer has no \{% generation %\}"):
+        require_markers(PLAIN_TEMPLATE, "artifacts/tokenizer", "vlm")
+    require_markers("{% generation %}{{ m }}{% endgeneration %}", "artifacts/tokenizer", "vlm")

@@ -27,6 +27,22 @@ def has_markers(template: str | None) -> bool:
     return bool(template) and _TAG.search(template) is not None
 
 
+def require_markers(template: str | None, where: str, stage: str) -> None:
+    """Refuse a chat template without ``{% generation %}`` markers for a stage whose loss TRL masks by them.
+
+    Raises:
+        UserError: No markers in `template` (the template of the tokenizer in `where`).
+    """
+    from llmpipe.core.errors import UserError
+
+    if not has_markers(template):
+        raise UserError(f"{stage}: the chat template in {where} has no {{% generation %}} markers, which {stage}'s "
+                        "answer-only loss (TRL's assistant_only_loss) needs, and TRL keeps no marked copy of it "
+                        "(sft's turn-by-turn masks do not reach TRL's image collator); wrap the assistant content "
+                        "of the template in {% generation %} … {% endgeneration %}, or leave the stage out of what "
+                        "you run (docs/finetune.md)")
+
+
 def plain_template(template: str | None) -> str | None:
     """`template` without its ``{% generation %}`` / ``{% endgeneration %}`` tags, rendering the same text.
 

@@ -37,7 +37,8 @@ def not_run_section(not_run: dict[str, str]) -> list[str]:
     (:mod:`llmpipe.report.current`), first on the card so that no reader takes another run's numbers for these."""
     if not not_run:
         return []
-    warning = (f"**{len(not_run)} stages and evaluations did not run for the current params and inputs. This card "
+    count = "1 stage or evaluation did" if len(not_run) == 1 else f"{len(not_run)} stages and evaluations did"
+    warning = (f"**{count} not run for the current params and inputs. This card "
                "shows none of their results**: their checks are skipped, their rows, figures and samples left out, "
                "and `metrics/headline.json` omits them. Run them (`dvc repro <stage>`, `dvc repro "
                "evaluate@<model>`) to include them.")

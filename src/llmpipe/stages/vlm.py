@@ -17,6 +17,7 @@ from typing import Any
 from llmpipe.config import Params
 from llmpipe.core.errors import UserError
 from llmpipe.core.io import atomic_dir, write_jsonl
+from llmpipe.data.chat_turns import require_markers
 from llmpipe.data.image_records import IMAGE_TAG, read_records, typed_content
 from llmpipe.stages.base import TrainerStage
 from llmpipe.train.arguments import training_kwargs
@@ -76,8 +77,10 @@ class VLM(TrainerStage):
         return self._dataset("train", self.cfg.num_samples), self._dataset("validation", self.cfg.max_eval_samples)
 
     def check_data(self, train, valid) -> dict[str, float]:
-        """Refuse a record whose image tokens `vlm.max_length` would cut; count answers cut (left unlearned)."""
+        """Refuse a template TRL cannot mask answers by, and a record whose image tokens `vlm.max_length` would cut;
+        count answers cut (left unlearned)."""
         tok, per_image = self._processor().tokenizer, self.cfg.vision.num_image_tokens
+        require_markers(tok.chat_template, str(self.params.paths.tokenizer), self.name)
         image_id, cut = tok.convert_tokens_to_ids(IMAGE_TAG), 0
         for split in ("train", "validation"):
             for i, row in enumerate(self.rows[split]):
