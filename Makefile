@@ -70,11 +70,13 @@ postgres:
 	    { apt-get update -qq && apt-get install -y -qq postgresql; } >/dev/null 2>&1; } || \
 	  echo "no PostgreSQL: the flow's PostgreSQL tests will be skipped (Debian: apt-get install postgresql)"
 
-# The suite on every core (pytest-xdist): TEST_WORKERS=0 runs it in this one process, as a debugger wants.
+# The suite on every core (pytest-xdist), then the tests of the trained DAG in one process, in order (they share
+# its repo and a Prefect server); fails if either part fails. TEST_WORKERS=0 runs the first part in one process.
 TEST_WORKERS ?= auto
 
 test: install browser postgres
-	pytest -n $(TEST_WORKERS) --dist loadgroup
+	pytest -n $(TEST_WORKERS) --dist loadgroup -m "not dag"; first=$$?; pytest -m dag; second=$$?; \
+	  exit $$(( first || second ))
 
 # Development loop: everything but the end-to-end tests that train models.
 test-fast: install

@@ -33,18 +33,17 @@ if _WORKERS > 1:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
-SHARED_RUNS = ("trained_pipeline", "ddp_reference")
-"""Session fixtures that train (the whole DAG; a two-process DDP run): a session of their own per xdist worker."""
-
-
 def pytest_collection_modifyitems(config, items):
-    """Every test that needs one of :data:`SHARED_RUNS` (directly or through another fixture) runs on that run's
-    xdist worker (``--dist loadgroup``): it trains once per session as it does without xdist, and no two processes
-    use its folder at once. Without xdist the mark is inert."""
+    """Under pytest-xdist: the tests needing the shared two-process DDP run (`ddp_reference`) run on one worker
+    (``--dist loadgroup``), so it trains once; the tests needing the trained DAG (`trained_pipeline`) are marked
+    ``dag`` — `make test` runs them in a second, serial pytest after the parallel one, in this module order (they
+    go on in one repo and a Prefect server, and their order is part of what they check). Without xdist both are
+    inert."""
     for item in items:
-        run = next((name for name in SHARED_RUNS if name in item.fixturenames), None)
-        if run:
-            item.add_marker(pytest.mark.xdist_group(run))
+        if "trained_pipeline" in item.fixturenames:
+            item.add_marker(pytest.mark.dag)
+        elif "ddp_reference" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("ddp_reference"))
 
 # Tiny but real (a 2-layer Llama, a few steps per stage): the overrides `make smoke` runs, as YAML text.
 TINY_PARAMS = (ROOT / "configs" / "tiny.yaml").read_text()

@@ -75,7 +75,11 @@ def test_method_trains_its_own_parameters_only(peftdir, case, monkeypatch):
     from llmpipe.train.adapters import peft_config
 
     monkeypatch.chdir(peftdir)
-    params = stage_params(peftdir, case, sft={"peft": METHODS[case]})
+    # fp32: under bf16 autocast (precision auto on a CPU with bf16) merged and adapter logits differ by a bf16 step
+    # (0.0039), which the exact bound below is not about; virtual-token methods refuse packing.
+    own = {"peft": METHODS[case], "precision": "fp32",
+           "packing": METHODS[case]["method"] not in ("prefix_tuning", "prompt_tuning")}
+    params = stage_params(peftdir, case, sft=own)
     metrics = sft.run(params)
     out = peftdir / f"out-{case}"
     rows = list(csv.DictReader((out / "logs" / "sft" / "train.csv").open()))

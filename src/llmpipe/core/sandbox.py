@@ -244,7 +244,10 @@ def run_program(program: str, tests: Sequence[str], limits: Limits = Limits()) -
             os.close(write_end)
         shutil.rmtree(scratch, ignore_errors=True)
     results = report[1 : 1 + len(tests)]
-    status = "timeout" if timed_out else "ok" if len(results) == len(tests) and report else "crash"
+    # RLIMIT_CPU ends a busy program with SIGXCPU (SIGKILL past the hard limit) before the wall clock does on an
+    # idle core: that is the time limit too, not a crash.
+    out_of_time = timed_out or proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
+    status = "timeout" if out_of_time else "ok" if len(results) == len(tests) and report else "crash"
     return Outcome(results.count(b"1"), len(tests), status, report[:1] == b"N", proc.pid)
 
 
