@@ -69,7 +69,7 @@ def test_a_verifiable_rl_stage_gets_the_generation_headline():
 
 def test_an_rl_stage_rewarded_by_the_tasks_tests_keeps_the_best_checkpoint_by_them():
     from llmpipe.config import RewardSpec
-    from llmpipe.config.rl import SELECTION_REWARD
+    from llmpipe.config.stages import SELECTION_REWARD
     from llmpipe.train.arguments import training_kwargs
 
     params = parse_params({})

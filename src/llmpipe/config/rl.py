@@ -51,12 +51,6 @@ RewardName = Literal["python_parses", "defines_function", "uses_arguments", "par
 """The keys of `llmpipe.rl.rewards.REWARDS` and `TEST_REWARDS` (a test keeps them equal). Spelled out here rather than imported,
 so that validating params does not import the reward code and editing it reruns only the stages that use it."""
 
-SELECTION_REWARD = "tests_pass"
-"""The reward whose mean on the validation prompts picks an RL stage's best checkpoint when the stage's rewards
-list it (`llmpipe.config.stages.best_metric`): the share of a task's hidden tests the completion passes, run in
-the sandbox. Named here, not taken from `RewardName`, so that a stage whose rewards lack it keeps selecting by its
-summed validation reward."""
-
 REWARD_KWARGS = ("prompts", "completions", "completion_ids", "name", "tests", "trainer_state", "log_extra",
                  "log_metric")
 """The keyword arguments a reward function is called with: those TRL 1.16's `GRPOTrainer._calculate_rewards`

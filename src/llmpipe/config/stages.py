@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmpipe.config.curves import BARE, PPO, TRAINER, TRL_RL, Curves
-from llmpipe.config.rl import SELECTION_REWARD, GroupParams, GRPOParams, PPOParams, RLOOParams
+from llmpipe.config.rl import GroupParams, GRPOParams, PPOParams, RLOOParams
 from llmpipe.config.section import Section
 from llmpipe.config.training import DPOParams, PretrainParams, RewardParams, SFTParams
 from llmpipe.config.vlm import VLMParams
@@ -269,9 +269,16 @@ def report_params() -> tuple[str, ...]:
     return (*own, *templated_keys(), *targets, last)
 
 
+SELECTION_REWARD = "tests_pass"
+"""The reward whose mean on the validation prompts picks an RL stage's best checkpoint when the stage's rewards
+list it (:func:`best_metric`): the share of a task's hidden tests the completion passes, run in
+the sandbox. Named here, not taken from `RewardName`, so that a stage whose rewards lack it keeps selecting by its
+summed validation reward."""
+
+
 def best_metric(name: str, section: Section) -> tuple[str, bool]:
     """The validation metric whose best checkpoint stage `name` keeps, and whether higher is better: for an RL
-    stage whose rewards (`section.rewards`) list :data:`~llmpipe.config.rl.SELECTION_REWARD`, that reward's mean
+    stage whose rewards (`section.rewards`) list :data:`SELECTION_REWARD`, that reward's mean
     on the validation prompts (``eval_rewards/<name>/mean``, as TRL's GRPO and RLOO log it and the ppo stage
     does too); else the registry's :attr:`Stage.best_metric`."""
     if REGISTRY[name].rl and any(spec.name == SELECTION_REWARD for spec in getattr(section, "rewards", ())):
